@@ -1,0 +1,315 @@
+"""Capability probe: the memory level of a context (spec §6.1) and a "will speculation pay off" report.
+
+Levels (numeric values as llama.cpp's ``common_context_seq_rm_type``):
+
+* ``NO``   – the context has no memory (encoders); no speculation possible.
+* ``PART`` – ``seq_rm`` can drop a tail of positions (KV caches, SWA): rejected drafts are trimmed.
+* ``FULL`` – only whole sequences can be removed (recurrent / hybrid state): checkpoint + restore + replay.
+* ``RS``   – recurrent state with ``n_rs_seq`` snapshots: bounded trim of up to ``n_rs_seq`` tokens.
+
+:func:`can_seq_rm` **wipes the context's memory**; run it on a scratch context before real work.
+"""
+from __future__ import annotations
+
+import enum
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from . import _llama as L
+from .errors import DecodeError
+from .vocab import check_vocab_compat, is_compatible
+
+SCHEMA_VERSION = 1
+DEFAULT_RS_PROBE = 8  # n_rs_seq requested when asking "is RS available?"
+ACCEPTANCE_RATES = (0.5, 0.6, 0.7, 0.8, 0.9)
+VERIFY_SIZES = (1, 2, 4, 8, 16)
+
+
+class Level(enum.IntEnum):
+    NO = 0
+    PART = 1
+    FULL = 2
+    RS = 3
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def can_seq_rm(ctx: L.Context) -> Level:
+    """The exact algorithm of llama.cpp's ``common_context_can_seq_rm`` (spec §6.1). Wipes memory."""
+    mem = ctx.memory
+    if mem is None:
+        return Level.NO
+    if ctx.n_rs_seq > 0:
+        return Level.RS
+    mem.clear(True)
+    try:
+        pos0 = mem.pos_max(0) + 1
+        ctx.decode([L.Row(0, pos0, 0, False), L.Row(0, pos0 + 1, 0, True)])
+    except DecodeError:
+        return Level.NO
+    ok = mem.seq_rm(0, 1, -1)
+    mem.clear(True)
+    ctx.synchronize()
+    return Level.PART if ok else Level.FULL
+
+
+@dataclass
+class LevelProbe:
+    level: Level
+    level_with_rs: Level
+    n_rs_seq: int  # n_rs_seq the context actually got when RS was requested (0 = unsupported)
+
+
+def probe_levels(model: L.Model, *, n_rs_seq: int = DEFAULT_RS_PROBE, n_ctx: int = 64, n_threads: int | None = None) -> LevelProbe:
+    """Probe ``model`` on scratch contexts: level with ``n_rs_seq = 0`` and with ``n_rs_seq`` requested."""
+    n_ctx = _scratch_ctx(model, n_ctx)
+    with L.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_threads=n_threads) as ctx:
+        level = can_seq_rm(ctx)
+    with L.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_rs_seq=n_rs_seq, n_threads=n_threads) as ctx:
+        got = ctx.n_rs_seq
+        level_rs = can_seq_rm(ctx)
+    return LevelProbe(level, level_rs, got)
+
+
+def _scratch_ctx(model: L.Model, n_ctx: int) -> int:
+    if model.n_ctx_train > 0:
+        n_ctx = min(n_ctx, model.n_ctx_train)
+    return max(n_ctx, 16)
+
+
+# ---------------------------------------------------------------------------------------------------
+# measurements
+# ---------------------------------------------------------------------------------------------------
+
+
+def _filler_tokens(model: L.Model, n: int) -> list[int]:
+    """Deterministic, non-degenerate token ids (skipping the first few, often special, ids)."""
+    v = model.vocab.n_tokens
+    lo = min(10, v - 1)
+    span = max(1, v - lo)
+    return [lo + (i * 7919) % span for i in range(n)]
+
+
+@dataclass
+class CheckpointCost:
+    n_tokens: int
+    partial_bytes: int
+    full_bytes: int
+    save_ms: float
+    load_ms: float
+
+    def per_1k(self) -> dict:
+        s = 1000.0 / self.n_tokens
+        return {
+            "partial_bytes_per_1k": round(self.partial_bytes * s),
+            "save_ms_per_1k": round(self.save_ms * s, 3),
+            "load_ms_per_1k": round(self.load_ms * s, 3),
+        }
+
+
+def measure_checkpoint(model: L.Model, *, n_tokens: int = 1024, n_threads: int | None = None, repeats: int = 3) -> CheckpointCost:
+    """Size and save/load time of a PARTIAL_ONLY sequence state after ``n_tokens`` tokens."""
+    n_ctx = _scratch_ctx(model, n_tokens + 16)
+    n_tokens = min(n_tokens, n_ctx - 8)
+    with L.Context(model, n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=n_threads) as ctx:
+        ctx.decode_tokens(_filler_tokens(model, n_tokens), 0, 0, output_last=True)
+        flags = L.STATE_FLAGS_PARTIAL_ONLY
+        full = ctx.state_seq_size(0, L.STATE_FLAGS_NONE)
+        saves, loads = [], []
+        data = b""
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            data = ctx.state_seq_get(0, flags)
+            t1 = time.perf_counter()
+            ctx.state_seq_set(0, data, flags)
+            t2 = time.perf_counter()
+            saves.append((t1 - t0) * 1e3)
+            loads.append((t2 - t1) * 1e3)
+    return CheckpointCost(n_tokens, len(data), full, statistics.median(saves), statistics.median(loads))
+
+
+def measure_verify_curve(
+    model: L.Model, *, sizes: Sequence[int] = VERIFY_SIZES, n_prefix: int = 32, repeats: int = 3, n_threads: int | None = None
+) -> dict[int, float]:
+    """Milliseconds to decode ``n`` tokens of one sequence in one batch with logits for every row."""
+    n_max = max(sizes)
+    n_ctx = _scratch_ctx(model, n_prefix + n_max + 16)
+    n_prefix = min(n_prefix, n_ctx - n_max - 8)
+    toks = _filler_tokens(model, n_prefix + n_max)
+    out: dict[int, float] = {}
+    with L.Context(model, n_ctx=n_ctx, n_batch=max(n_max, n_prefix), n_outputs_max=n_max, n_threads=n_threads) as ctx:
+        mem = ctx.memory
+        # warm-up
+        ctx.decode_tokens(toks[:n_prefix], 0, 0)
+        for n in sizes:
+            ts = []
+            for _ in range(repeats):
+                mem.clear(True)
+                ctx.decode_tokens(toks[:n_prefix], 0, 0)
+                rows = [L.Row(t, n_prefix + j, 0, True) for j, t in enumerate(toks[n_prefix : n_prefix + n])]
+                ctx.synchronize()
+                t0 = time.perf_counter()
+                ctx.decode(rows)
+                ctx.logits(n - 1)
+                ctx.synchronize()
+                ts.append((time.perf_counter() - t0) * 1e3)
+            out[n] = statistics.median(ts)
+    return out
+
+
+def relative_verify_cost(curve: dict[int, float], n: int) -> float:
+    """Cost of verifying ``n`` rows relative to one row, linear interpolation of the measured curve."""
+    pts = sorted(curve.items())
+    base = curve.get(1) or pts[0][1]
+    if n <= pts[0][0]:
+        return pts[0][1] / base
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= n <= x1:
+            return (y0 + (y1 - y0) * (n - x0) / (x1 - x0)) / base
+    (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    return (y1 + (y1 - y0) * (n - x1) / (x1 - x0)) / base
+
+
+def expected_speedup(a: float, k: int, c: float, v: float) -> float:
+    """Standard speculative-decoding speedup: ``(1 - a^(k+1)) / ((1 - a) (k c + v))``.
+
+    ``a`` = per-token acceptance, ``k`` = draft length, ``c`` = draft cost per token relative to the target,
+    ``v`` = cost of verifying ``k + 1`` rows relative to decoding one.
+
+    >>> round(expected_speedup(0.8, 4, 0.0, 1.0), 3)
+    3.362
+    >>> expected_speedup(0.5, 0, 0.1, 1.0)
+    1.0
+    """
+    if a >= 1.0:
+        return (k + 1) / (k * c + v)
+    return (1 - a ** (k + 1)) / ((1 - a) * (k * c + v))
+
+
+def recommend_draft_length(a: float, c: float, curve: dict[int, float], k_max: int = 16) -> tuple[int, float]:
+    """Draft length maximising :func:`expected_speedup`, and that speedup (k = 0 means "don't draft")."""
+    best_k, best = 0, 1.0
+    for k in range(1, k_max + 1):
+        s = expected_speedup(a, k, c, relative_verify_cost(curve, k + 1))
+        if s > best + 1e-9:
+            best_k, best = k, s
+    return best_k, best
+
+
+# ---------------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelReport:
+    path: str
+    arch: str
+    name: str
+    level: str
+    level_with_rs: str
+    n_rs_seq: int
+    file_bytes: int
+    n_params: int
+    n_ctx_train: int
+    n_layer: int
+    n_embd: int
+    n_vocab: int
+    n_swa: int
+    is_swa: bool
+    is_recurrent: bool
+    is_hybrid: bool
+    n_layer_nextn: int
+    checkpoint: dict | None = None
+    verify_cost_ms: dict | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if self.verify_cost_ms is not None:
+            d["verify_cost_ms"] = {str(k): round(v, 4) for k, v in self.verify_cost_ms.items()}
+        return d
+
+
+@dataclass
+class ProbeReport:
+    target: ModelReport
+    draft: ModelReport | None = None
+    vocab: list[dict] | None = None
+    vocab_compatible: bool | None = None
+    cost_ratio: float | None = None
+    recommendations: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d: dict = {"schema_version": SCHEMA_VERSION, "target": self.target.to_dict()}
+        if self.draft is not None:
+            d["draft"] = self.draft.to_dict()
+            d["vocab"] = {"compatible": self.vocab_compatible, "rules": self.vocab}
+            d["cost_ratio"] = None if self.cost_ratio is None else round(self.cost_ratio, 4)
+        d["recommendations"] = self.recommendations
+        return d
+
+
+def report_model(model: L.Model, *, measure: bool = True, n_rs_seq: int = DEFAULT_RS_PROBE, n_threads: int | None = None,
+                 checkpoint_tokens: int = 1024) -> ModelReport:
+    lv = probe_levels(model, n_rs_seq=n_rs_seq, n_threads=n_threads)
+    r = ModelReport(
+        path=str(model.path),
+        arch=model.arch,
+        name=model.name,
+        level=lv.level.name,
+        level_with_rs=lv.level_with_rs.name,
+        n_rs_seq=lv.n_rs_seq,
+        file_bytes=Path(model.path).stat().st_size,
+        n_params=model.n_params,
+        n_ctx_train=model.n_ctx_train,
+        n_layer=model.n_layer,
+        n_embd=model.n_embd,
+        n_vocab=model.vocab.n_tokens,
+        n_swa=model.n_swa,
+        is_swa=model.is_swa,
+        is_recurrent=model.is_recurrent,
+        is_hybrid=model.is_hybrid,
+        n_layer_nextn=model.n_layer_nextn,
+    )
+    if measure and lv.level is not Level.NO:
+        cp = measure_checkpoint(model, n_tokens=checkpoint_tokens, n_threads=n_threads)
+        r.checkpoint = {
+            "n_tokens": cp.n_tokens,
+            "partial_bytes": cp.partial_bytes,
+            "full_bytes": cp.full_bytes,
+            "save_ms": round(cp.save_ms, 4),
+            "load_ms": round(cp.load_ms, 4),
+            **cp.per_1k(),
+        }
+        r.verify_cost_ms = measure_verify_curve(model, n_threads=n_threads)
+    return r
+
+
+def probe(target: L.Model, draft: L.Model | None = None, *, measure: bool = True, n_rs_seq: int = DEFAULT_RS_PROBE,
+          n_threads: int | None = None, checkpoint_tokens: int = 1024) -> ProbeReport:
+    """Everything the ``llamaspec probe`` command reports, as a dataclass (``to_dict()`` for JSON)."""
+    rep = ProbeReport(target=report_model(target, measure=measure, n_rs_seq=n_rs_seq, n_threads=n_threads,
+                                          checkpoint_tokens=checkpoint_tokens))
+    if draft is not None:
+        rep.draft = report_model(draft, measure=measure, n_rs_seq=n_rs_seq, n_threads=n_threads,
+                                 checkpoint_tokens=checkpoint_tokens)
+        rules = check_vocab_compat(target.vocab, draft.vocab)
+        rep.vocab = [x.to_dict() for x in rules]
+        rep.vocab_compatible = is_compatible(rules)
+        if rep.target.verify_cost_ms and rep.draft.verify_cost_ms:
+            rep.cost_ratio = rep.draft.verify_cost_ms[1] / rep.target.verify_cost_ms[1]
+    curve = rep.target.verify_cost_ms
+    if curve:
+        drafters = [("ngram", 0.0)]
+        if rep.cost_ratio is not None:
+            drafters.append(("draft-model", rep.cost_ratio))
+        for kind, c in drafters:
+            for a in ACCEPTANCE_RATES:
+                k, s = recommend_draft_length(a, c, curve)
+                rep.recommendations.append({"drafter": kind, "cost_ratio": round(c, 4), "acceptance": a,
+                                            "n_max": k, "expected_speedup": round(s, 3)})
+    return rep

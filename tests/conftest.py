@@ -1,0 +1,26 @@
+"""Shared pytest fixtures."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from llamaspec.testing.tiny_models import make_all
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """All tiny random-weight GGUFs (``llamaspec.testing.tiny_models.KINDS``), written once per session:
+    ``{kind: path}``."""
+    return make_all(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_models: dict[str, Path]) -> Callable[[str], Path]:
+    """``tiny_model("llama")`` -> path of that tiny GGUF (KeyError for an unknown kind)."""
+
+    def get(kind: str) -> Path:
+        return tiny_models[kind]
+
+    return get
