@@ -474,6 +474,14 @@ class Context:
         if ctx_other is not None:
             cp.ctx_other = ctx_other.ptr
         self._ctx_other = ctx_other
+        # n_seq_max rows are reserved on every decode: a context whose n_outputs_max is below that
+        # aborts inside llama_init_from_model already (spec §5.2), so refuse it here
+        eff_out = p.n_batch if (p.n_outputs_max == 0 or model.has_encoder) else p.n_outputs_max
+        if p.n_seq_max > eff_out:
+            raise ContextError(
+                f"n_seq_max={p.n_seq_max} exceeds n_outputs_max={eff_out}: llama.cpp would abort (spec §5.2); "
+                "raise n_outputs_max (see output_limits())"
+            )
         _router.take_errors()
         ptr = C.llama_init_from_model(model.ptr, cp)
         if not ptr:
@@ -495,12 +503,6 @@ class Context:
         self.n_outputs_max_per_seq = (
             self.n_outputs_max if p.n_outputs_max_per_seq == 0 else min(p.n_outputs_max_per_seq, self.n_outputs_max)
         )
-        if self.n_seq_max > self.n_outputs_max:
-            self.close()
-            raise ContextError(
-                f"n_seq_max={self.n_seq_max} exceeds n_outputs_max={self.n_outputs_max}: every decode would abort "
-                "(spec §5.2); raise n_outputs_max"
-            )
         self._batch = C.llama_batch_ext_init(ptr)
         if not self._batch:
             self.close()
