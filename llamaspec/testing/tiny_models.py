@@ -172,8 +172,8 @@ class _Model:
             a = -np.abs(a)
         self.tensors.append((name, a.astype(np.float32)))
 
-    def ones(self, name: str, n: int) -> None:
-        self.tensors.append((name, np.ones(n, np.float32)))
+    def ones(self, name: str, n: int, value: float = 1.0) -> None:
+        self.tensors.append((name, np.full(n, value, np.float32)))
 
     # -- output --------------------------------------------------------------------------------
     def write(self, path: Path) -> None:
@@ -270,19 +270,24 @@ def _llama(m: _Model, *, n_layer: int = 2) -> None:
         _ffn(m, p)
 
 
-def _gemma3(m: _Model, *, n_layer: int = 2, n_swa: int = 16) -> None:
+def _gemma3(m: _Model, *, n_layer: int = 2, n_swa: int = 16, untied_output: bool = True, post_norm: float = 1.0) -> None:
+    """Gemma scales the input embedding by sqrt(n_embd); with a tied output head the token's own
+    embedding then dominates the logits and the model just repeats its input, so by default the head is
+    a separate ``output.weight``."""
     _attn_kv(m)
     m.u32("attention.sliding_window", n_swa)
     _embeddings(m)
+    if untied_output:
+        m.rand("output.weight", m.d.n_embd, m.d.n_vocab)
     for i in range(n_layer):
         p = f"blk.{i}."
         m.ones(p + "attn_norm.weight", m.d.n_embd)
         _attention(m, p)
-        m.ones(p + "post_attention_norm.weight", m.d.n_embd)
+        m.ones(p + "post_attention_norm.weight", m.d.n_embd, post_norm)
         m.ones(p + "attn_q_norm.weight", m.d.head_dim)
         m.ones(p + "attn_k_norm.weight", m.d.head_dim)
         _ffn(m, p)
-        m.ones(p + "post_ffw_norm.weight", m.d.n_embd)
+        m.ones(p + "post_ffw_norm.weight", m.d.n_embd, post_norm)
 
 
 def _mamba(m: _Model, *, n_layer: int = 2, d_conv: int = 4, d_state: int = 16, dt_rank: int = 4) -> None:
@@ -453,14 +458,14 @@ def _draft_of(base: str, doc: str) -> None:
     _register(dataclasses.replace(b, name=f"{base}-draft", noise=_DRAFT_NOISE, doc=doc))
 
 
-_register(TinySpec("llama", "llama", _llama, seed=101, doc="PART: plain KV cache, 2 layers"))
+_register(TinySpec("llama", "llama", _llama, seed=102, doc="PART: plain KV cache, 2 layers"))
 _draft_of("llama", "perturbed llama (noise 0.1 x std): a sometimes-wrong draft for llama")
 _register(TinySpec(
-    "llama-incompat", "llama", _llama, seed=102,
+    "llama-incompat", "llama", _llama, seed=201,
     dims=Dims(n_vocab=200), vocab=Vocab(token_format="alt_{i}", n_common=5),
     doc="llama with a vocabulary incompatible with llama (texts differ from id 5, 200 tokens)",
 ))
-_register(TinySpec("gemma3", "gemma3", _gemma3, seed=103, doc="PART with SWA (iSWA cache, n_swa=16)"))
+_register(TinySpec("gemma3", "gemma3", _gemma3, seed=110, doc="PART with SWA (iSWA cache, n_swa=16)"))
 _register(TinySpec("mamba", "mamba", _mamba, seed=104, doc="FULL: pure recurrent"))
 _draft_of("mamba", "perturbed mamba: a sometimes-wrong draft for mamba")
 _register(TinySpec("lfm2", "lfm2", _lfm2, seed=105, doc="hybrid: FULL with n_rs_seq=0, RS with n_rs_seq>0"))
