@@ -1,0 +1,202 @@
+"""The chain of drafters (llama.cpp's ``common_speculative``, spec §3).
+
+Drafters run in priority order (spec §3.1). ``draft()`` relays the ``drafting`` flag: the first drafter that
+returns a non-empty draft for a sequence wins it for this round; lower-priority drafters are not asked for
+that sequence. ``accept()`` credits the drafter that produced the sequence's last draft (``impl_last``) and
+tells every other drafter with ``is_other=True``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from .drafters.base import DraftParams, Drafter
+from .errors import UsageError
+from .params import SpecParams, SpecType
+from .stats import Timer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import _llama as L
+
+log = logging.getLogger("llamaspec")
+
+
+class Chain:
+    def __init__(self, impls: Sequence[Drafter], n_seq: int):
+        if not impls:
+            raise UsageError("a speculative chain needs at least one drafter")
+        self.impls = list(impls)
+        self.n_seq = n_seq
+        self.impl_last: list[Drafter | None] = [None] * n_seq
+        self.dparams = [DraftParams() for _ in range(n_seq)]
+
+    @property
+    def n_max(self) -> int:
+        return max(max(0, d.n_max) for d in self.impls)
+
+    @property
+    def types(self) -> list[str]:
+        return [d.type for d in self.impls]
+
+    # -- protocol -------------------------------------------------------------------------------
+    def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
+        for d in self.impls:
+            with Timer(d.stats, "t_begin_us"):
+                d.begin(seq_id, prompt)
+            d.stats.n_call_begin += 1
+
+    def process(self, rows: "Sequence[L.Row]") -> bool:
+        for d in self.impls:
+            if not d.process(rows):
+                return False
+        return True
+
+    def draft(self, params: Sequence[DraftParams] | None = None) -> None:
+        """Relay of the drafting flag (spec §3.2) over ``params`` (default: the chain's own, by seq id)."""
+        params = self.dparams if params is None else params
+        drafting = [dp for dp in params if dp.drafting]
+        for dp in drafting:
+            if dp.result:
+                raise AssertionError("draft result must be empty when drafting starts")
+        if not drafting:
+            return
+        for d in self.impls:
+            with Timer(d.stats, "t_draft_us"):
+                d.draft(params)
+            d.stats.n_call_draft += 1
+            still = False
+            for seq_id, dp in enumerate(params):
+                if not dp.drafting:
+                    continue
+                if dp.result:
+                    dp.drafting = False
+                    if dp.n_max > 0 and len(dp.result) > dp.n_max:
+                        del dp.result[dp.n_max :]
+                        if dp.probs is not None:
+                            del dp.probs[dp.n_max :]
+                    self.impl_last[seq_id] = d
+                    d.stats.n_gen_drafts += 1
+                    d.stats.n_gen_tokens += len(dp.result)
+                else:
+                    still = True
+            if not still:
+                break
+        for dp in params:
+            dp.drafting = False
+
+    def accept(self, seq_id: int, n_accepted: int) -> None:
+        impl = self.impl_last[seq_id]
+        if impl is None:
+            assert n_accepted == 0, "accepted tokens without a drafter"
+            return
+        st = impl.stats
+        with Timer(st, "t_accept_us"):
+            per = st.n_acc_tokens_per_pos
+            if len(per) < n_accepted:
+                per.extend([0] * (n_accepted - len(per)))
+            for i in range(n_accepted):
+                per[i] += 1
+            if n_accepted > 0:
+                st.n_acc_drafts += 1
+                st.n_acc_tokens += n_accepted
+            impl.accept(seq_id, n_accepted, False)
+            st.n_call_accept += 1
+        for d in self.impls:
+            if d is not impl:
+                d.accept(seq_id, n_accepted, True)
+
+    def get_state(self, seq_id: int) -> bytes | None:
+        for d in self.impls:
+            s = d.get_state(seq_id)
+            if s is not None:
+                return s
+        return None
+
+    def set_state(self, seq_id: int, data: bytes) -> None:
+        for d in self.impls:
+            d.set_state(seq_id, data)
+
+    # -- reporting ------------------------------------------------------------------------------
+    def stats_lines(self) -> list[str]:
+        return [d.stats.stats_line(d.type) for d in self.impls]
+
+    def stats_dicts(self) -> list[dict]:
+        return [{"type": d.type, **d.stats.to_dict()} for d in self.impls]
+
+    def close(self) -> None:
+        for d in self.impls:
+            d.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# construction
+# ---------------------------------------------------------------------------------------------------
+
+Factory = Callable[[SpecParams, int, "L.Context", "L.Context | None"], Drafter]
+
+
+def _ngram_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
+    from .drafters.ngram_simple import NgramSimple
+
+    return NgramSimple(n_seq, p.ngram_simple)
+
+
+def _ngram_map_k(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
+    from .drafters.ngram_map import NgramMapK
+
+    return NgramMapK(n_seq, p.ngram_map_k)
+
+
+def _ngram_map_k4v(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
+    from .drafters.ngram_map import NgramMapK4V
+
+    return NgramMapK4V(n_seq, p.ngram_map_k4v)
+
+
+def _ngram_mod(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
+    from .drafters.ngram_mod import NgramMod
+
+    return NgramMod(n_seq, p.ngram_mod)
+
+
+def _ngram_cache(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
+    from .drafters.ngram_cache import NgramCache
+
+    return NgramCache(n_seq, p.ngram_cache)
+
+
+def _draft_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
+    from .drafters.draft_model import DraftSimple
+
+    if ctx_dft is None:
+        raise UsageError("draft-simple needs a draft model: pass --draft-model (-md) NAME|PATH")
+    return DraftSimple(n_seq, p.draft, ctx_tgt, ctx_dft)
+
+
+FACTORIES: dict[SpecType, Factory] = {
+    SpecType.NGRAM_SIMPLE: _ngram_simple,
+    SpecType.NGRAM_MAP_K: _ngram_map_k,
+    SpecType.NGRAM_MAP_K4V: _ngram_map_k4v,
+    SpecType.NGRAM_MOD: _ngram_mod,
+    SpecType.NGRAM_CACHE: _ngram_cache,
+    SpecType.DRAFT_SIMPLE: _draft_simple,
+}
+
+
+def build_chain(params: SpecParams, n_seq: int, ctx_tgt: "L.Context", ctx_dft: "L.Context | None") -> Chain | None:
+    """Instantiate the enabled drafters in priority order; ``None`` when nothing is enabled.
+
+    Any constructor error aborts the whole chain (as in llama.cpp), with the drafter's own message.
+    """
+    impls: list[Drafter] = []
+    try:
+        for t in params.enabled():
+            f = FACTORIES.get(t)
+            if f is None:
+                raise UsageError(f"speculative type {t.type_name!r} is not implemented in this version of llamaspec")
+            impls.append(f(params, n_seq, ctx_tgt, ctx_dft))
+    except BaseException:
+        for d in impls:
+            d.close()
+        raise
+    return Chain(impls, n_seq) if impls else None

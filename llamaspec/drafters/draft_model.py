@@ -1,0 +1,177 @@
+"""``draft-simple``: a standalone small language model as drafter (spec §4.2).
+
+The draft context mirrors every target batch (``process``: same rows, output only on the last row), so its
+memory holds the same committed tokens as the target. ``draft`` decodes ``id_last`` of every drafting
+sequence in one batch, then extends all of them together, one token per step, taking the **top candidate**
+of the draft distribution (llama.cpp's draft sampler is ``top_k(10) -> dist``, but the drafted token is
+the best candidate, never the random one). ``p`` of that token is the softmax over the 10 best logits; a
+draft stops before a token with ``p < p_min``.
+
+Beyond llama.cpp (for rejection-sampling verification, ``beyond-vendored.md`` §1): when a sequence is
+configured with a temperature > 0, the draft **samples** from ``top_k -> temperature`` with its own random
+stream (seed XOR 0x85ebca6b) and records that distribution ``q`` per drafted token in ``DraftParams.probs``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .. import _llama as L
+from ..errors import DecodeError, UsageError, VocabMismatchError
+from ..params import DraftModelParams
+from ..vocab import check_vocab_compat, incompatibility_message, is_compatible
+from .base import DraftParams, Drafter
+
+log = logging.getLogger("llamaspec")
+
+DRAFT_TOP_K = 10
+SEED_MIX = 0x85EBCA6B
+
+
+def top_candidate(logits: np.ndarray, need_p: bool) -> tuple[int, float]:
+    """Best token and its probability under softmax of the 10 best logits (temperature 1).
+
+    >>> top_candidate(np.array([0.0, 2.0, 1.0], dtype=np.float32), True)
+    (1, 0.6652409434318542)
+    """
+    tok = int(np.argmax(logits))
+    if not need_p:
+        return tok, 1.0
+    k = min(DRAFT_TOP_K, logits.shape[0])
+    top = np.partition(logits, logits.shape[0] - k)[-k:].astype(np.float64)
+    m = top.max()
+    e = np.exp(top - m)
+    return tok, float(np.exp(float(logits[tok]) - m) / e.sum())
+
+
+@dataclass
+class _SampleCfg:
+    temp: float
+    seed: int
+    rng: np.random.Generator
+
+
+class DraftSimple(Drafter):
+    type = "draft-simple"
+
+    def __init__(self, n_seq: int, params: DraftModelParams, ctx_tgt: L.Context, ctx_dft: L.Context):
+        super().__init__(n_seq)
+        if params.n_max < 0:
+            raise UsageError(f"--spec-draft-n-max must be >= 0, got {params.n_max}")
+        if ctx_dft.n_seq_max != n_seq:
+            raise UsageError(f"draft context has n_seq_max={ctx_dft.n_seq_max}, the chain needs {n_seq}")
+        rules = check_vocab_compat(ctx_tgt.model.vocab, ctx_dft.model.vocab)
+        if not is_compatible(rules):
+            raise VocabMismatchError(
+                incompatibility_message(rules)
+                + f" (target {ctx_tgt.model.path.name}, draft {ctx_dft.model.path.name}); pick a draft model of the same family"
+            )
+        self.params = params
+        self.ctx_tgt = ctx_tgt
+        self.ctx_dft = ctx_dft
+        self.n_max = params.n_max
+        self._sample: list[_SampleCfg | None] = [None] * n_seq
+
+    # -- sampling mode (rejection-sampling verification) ------------------------------------------
+    def configure_sampling(self, seq_id: int, temp: float, seed: int) -> None:
+        """Sample drafts for ``seq_id`` at ``temp`` and record ``q`` (temp <= 0: argmax drafts, llama.cpp's
+        behaviour). The stream is rebuilt only when ``(temp, seed)`` changes."""
+        cur = self._sample[seq_id]
+        if temp <= 0:
+            self._sample[seq_id] = None
+            return
+        if cur is not None and cur.temp == temp and cur.seed == seed:
+            return
+        dseed = seed if seed == L.DEFAULT_SEED else (seed ^ SEED_MIX)
+        rng = np.random.default_rng(None if dseed == L.DEFAULT_SEED else dseed)
+        self._sample[seq_id] = _SampleCfg(temp, seed, rng)
+
+    def _pick(self, seq_id: int, logits: np.ndarray, dp: DraftParams) -> tuple[int, float]:
+        cfg = self._sample[seq_id]
+        if cfg is None:
+            return top_candidate(logits, self.params.p_min > 0.0)
+        k = min(DRAFT_TOP_K, logits.shape[0])
+        idx = np.argpartition(logits, logits.shape[0] - k)[-k:]
+        z = logits[idx].astype(np.float64) / cfg.temp
+        z = np.exp(z - z.max())
+        z /= z.sum()
+        q = np.zeros(logits.shape[0], dtype=np.float64)
+        q[idx] = z
+        # inverse CDF over token ids (deterministic given the uniform)
+        u = cfg.rng.random()
+        order = np.sort(idx)
+        c = np.cumsum(q[order])
+        tok = int(order[min(int(np.searchsorted(c, u * c[-1], side="right")), len(order) - 1)])
+        if dp.probs is None:
+            dp.probs = []
+        dp.probs.append(q)
+        return tok, float(q[tok])
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def process(self, rows: Sequence[L.Row]) -> bool:
+        if not rows:
+            return True
+        n = len(rows)
+        mirrored = [L.Row(r.token, r.pos, r.seq_id, i == n - 1) for i, r in enumerate(rows) if r.token is not None]
+        if not mirrored:
+            return True
+        try:
+            for start in range(0, len(mirrored), self.ctx_dft.n_batch):
+                chunk = mirrored[start : start + self.ctx_dft.n_batch]
+                if not chunk[-1].output:
+                    chunk = chunk[:-1] + [L.Row(chunk[-1].token, chunk[-1].pos, chunk[-1].seq_id, True)]
+                self.ctx_dft.decode(chunk)
+        except DecodeError as e:
+            log.error("draft-simple: mirroring a target batch into the draft context failed: %s", e)
+            return False
+        return True
+
+    def draft(self, params: Sequence[DraftParams]) -> None:
+        ctx = self.ctx_dft
+        active = [s for s, dp in enumerate(params) if dp.drafting]
+        if not active:
+            return
+        requested = list(active)
+        rows = [L.Row(params[s].id_last, params[s].pos0, s, True) for s in active]
+        try:
+            ctx.decode(rows)
+        except DecodeError as e:
+            log.warning("draft-simple: draft decode failed: %s", e)
+            return
+        p_min = self.params.p_min
+        i = 0
+        while True:
+            next_rows: list[L.Row] = []
+            next_active: list[int] = []
+            for k, s in enumerate(active):
+                dp = params[s]
+                tok, p = self._pick(s, ctx.logits(k), dp)
+                if p < p_min:
+                    if dp.probs is not None and len(dp.probs) > len(dp.result):
+                        dp.probs.pop()
+                    continue
+                dp.result.append(tok)
+                if len(dp.result) >= self.n_max or (dp.n_max > 0 and len(dp.result) >= dp.n_max):
+                    continue
+                next_rows.append(L.Row(tok, dp.pos0 + i + 1, s, True))
+                next_active.append(s)
+            if not next_rows:
+                break
+            try:
+                ctx.decode(next_rows)
+            except DecodeError as e:
+                log.warning("draft-simple: draft decode failed: %s", e)
+                break
+            active = next_active
+            i += 1
+        n_min = self.params.n_min
+        if n_min > 0:
+            for s in requested:
+                dp = params[s]
+                if len(dp.result) < n_min:
+                    dp.result.clear()
+                    if dp.probs is not None:
+                        dp.probs.clear()

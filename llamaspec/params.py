@@ -1,0 +1,172 @@
+"""Speculative-decoding parameters with llama.cpp's names and defaults (spec §1.1, §2.1).
+
+>>> types_from_names("ngram-mod,draft-simple")
+['ngram-mod', 'draft-simple']
+>>> types_from_names("ngram-mod,none,draft-simple")
+['none']
+>>> p = SpecParams(); p.add_types("ngram-mod"); p.types
+['none', 'ngram-mod']
+>>> p.n_max_of_types()
+64
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .errors import UsageError
+
+
+class SpecType(enum.IntEnum):
+    """Enum order is llama.cpp's (it is the bit index used for de-duplication)."""
+
+    NONE = 0
+    DRAFT_SIMPLE = 1
+    DRAFT_EAGLE3 = 2
+    DRAFT_MTP = 3
+    DRAFT_DFLASH = 4
+    DRAFT_DSPARK = 5
+    NGRAM_SIMPLE = 6
+    NGRAM_MAP_K = 7
+    NGRAM_MAP_K4V = 8
+    NGRAM_MOD = 9
+    NGRAM_CACHE = 10
+
+    @property
+    def type_name(self) -> str:
+        return TYPE_NAMES[self]
+
+
+TYPE_NAMES = {
+    SpecType.NONE: "none",
+    SpecType.DRAFT_SIMPLE: "draft-simple",
+    SpecType.DRAFT_EAGLE3: "draft-eagle3",
+    SpecType.DRAFT_MTP: "draft-mtp",
+    SpecType.DRAFT_DFLASH: "draft-dflash",
+    SpecType.DRAFT_DSPARK: "draft-dspark",
+    SpecType.NGRAM_SIMPLE: "ngram-simple",
+    SpecType.NGRAM_MAP_K: "ngram-map-k",
+    SpecType.NGRAM_MAP_K4V: "ngram-map-k4v",
+    SpecType.NGRAM_MOD: "ngram-mod",
+    SpecType.NGRAM_CACHE: "ngram-cache",
+}
+NAME_TO_TYPE = {v: k for k, v in TYPE_NAMES.items()}
+
+#: chain priority order (spec §3.1), first = highest priority
+PRIORITY = (
+    SpecType.NGRAM_SIMPLE,
+    SpecType.NGRAM_MAP_K,
+    SpecType.NGRAM_MAP_K4V,
+    SpecType.NGRAM_MOD,
+    SpecType.NGRAM_CACHE,
+    SpecType.DRAFT_SIMPLE,
+    SpecType.DRAFT_EAGLE3,
+    SpecType.DRAFT_MTP,
+    SpecType.DRAFT_DFLASH,
+    SpecType.DRAFT_DSPARK,
+)
+MODEL_TYPES = {SpecType.DRAFT_SIMPLE, SpecType.DRAFT_EAGLE3, SpecType.DRAFT_MTP, SpecType.DRAFT_DFLASH, SpecType.DRAFT_DSPARK}
+RS_TYPES = {SpecType.DRAFT_EAGLE3, SpecType.DRAFT_MTP, SpecType.DRAFT_DFLASH, SpecType.DRAFT_DSPARK}
+
+
+def types_from_names(names: str | list[str]) -> list[str]:
+    """Parse a comma-separated list of type names (spec §1.1): unknown names are an error; ``none``
+    anywhere yields ``['none']``."""
+    items = names.split(",") if isinstance(names, str) else list(names)
+    out: list[str] = []
+    for raw in items:
+        name = raw.strip()
+        if name not in NAME_TO_TYPE:
+            valid = ", ".join(TYPE_NAMES.values())
+            raise UsageError(f"unknown speculative type: {name!r} (valid types: {valid})")
+        if name == "none":
+            return ["none"]
+        out.append(name)
+    return out
+
+
+@dataclass
+class DraftModelParams:
+    n_max: int = 3
+    n_min: int = 0
+    p_min: float = 0.0
+    p_split: float = 0.1  # unused by the chain (llama.cpp keeps it for examples/speculative)
+
+
+@dataclass
+class NgramMapParams:
+    """Shared shape of ngram-simple / ngram-map-k / ngram-map-k4v parameters."""
+
+    size_n: int = 12
+    size_m: int = 48
+    min_hits: int = 1
+
+
+@dataclass
+class NgramModParams:
+    n_match: int = 24
+    n_max: int = 64
+    n_min: int = 48
+
+
+@dataclass
+class NgramCacheParams:
+    lookup_cache_static: str = ""
+    lookup_cache_dynamic: str = ""
+
+
+NGRAM_CACHE_N_DRAFT = 8
+
+
+@dataclass
+class SpecParams:
+    types: list[str] = field(default_factory=lambda: ["none"])
+    draft: DraftModelParams = field(default_factory=DraftModelParams)
+    ngram_simple: NgramMapParams = field(default_factory=NgramMapParams)
+    ngram_map_k: NgramMapParams = field(default_factory=NgramMapParams)
+    ngram_map_k4v: NgramMapParams = field(default_factory=NgramMapParams)
+    ngram_mod: NgramModParams = field(default_factory=NgramModParams)
+    ngram_cache: NgramCacheParams = field(default_factory=NgramCacheParams)
+    synth_len: float = -1.0
+    synth_rates: list[float] = field(default_factory=list)
+
+    def add_types(self, names: str | list[str]) -> None:
+        """``--spec-type LIST`` appends to the list (whose default is ``['none']``)."""
+        self.types = self.types + types_from_names(names)
+
+    @property
+    def types_are_default(self) -> bool:
+        return self.types == ["none"]
+
+    def enabled(self) -> list[SpecType]:
+        """Enabled types in chain priority order (duplicates collapse, ``none`` creates nothing)."""
+        s = {NAME_TO_TYPE[n] for n in self.types}
+        return [t for t in PRIORITY if t in s]
+
+    def has_synth(self) -> bool:
+        return self.synth_len != -1.0 or bool(self.synth_rates)
+
+    def need_n_rs_seq(self) -> int:
+        """Target ``n_rs_seq`` the chain needs (spec §2.1): only EAGLE-3 / MTP / DFlash / DSpark ask."""
+        return self.draft.n_max if any(t in RS_TYPES for t in self.enabled()) else 0
+
+    def n_max_of_types(self) -> int:
+        """``n_max`` of the parameter set, before any drafter exists (used for output limits, §3.1)."""
+        best = 0
+        for t in self.enabled():
+            if t in MODEL_TYPES:
+                v = max(0, self.draft.n_max)
+            elif t is SpecType.NGRAM_SIMPLE:
+                v = self.ngram_simple.size_m
+            elif t is SpecType.NGRAM_MAP_K:
+                v = self.ngram_map_k.size_m
+            elif t is SpecType.NGRAM_MAP_K4V:
+                v = self.ngram_map_k4v.size_m
+            elif t is SpecType.NGRAM_MOD:
+                v = max(0, self.ngram_mod.n_max)
+            elif t is SpecType.NGRAM_CACHE:
+                v = NGRAM_CACHE_N_DRAFT
+            else:  # pragma: no cover
+                v = 0
+            best = max(best, v)
+        return best

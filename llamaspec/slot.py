@@ -1,0 +1,173 @@
+"""Per-request state: slots, finish reasons, statistics and results."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _llama as L
+from .memory import Checkpoint
+from .text import TextStream
+
+
+class SlotState(enum.Enum):
+    IDLE = "idle"
+    PROMPT = "prompt"
+    GENERATING = "generating"
+    DONE = "done"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # end-of-generation token or a stop string
+    LENGTH = "length"  # n_predict reached, or the context is full
+    ABORT = "abort"  # the caller abandoned the request
+
+    def __str__(self) -> str:  # pragma: no cover - cosmetic
+        return self.value
+
+
+@dataclass
+class GenerationStats:
+    n_prompt: int = 0
+    n_predicted: int = 0
+    t_prompt_s: float = 0.0
+    t_decode_s: float = 0.0
+    n_target_decodes: int = 0
+    # speculative decoding (llama.cpp server's per-slot counters, spec §3.4)
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_verif_steps: int = 0
+    n_accepted_per_pos: list[int] = field(default_factory=list)
+    n_replays: int = 0
+    n_restores: int = 0
+    n_checkpoints: int = 0
+    n_trims: int = 0
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.n_prompt / self.t_prompt_s if self.t_prompt_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        # the first token comes from the prompt's logits; the others from decode rounds
+        n = max(0, self.n_predicted - 1)
+        return n / self.t_decode_s if self.t_decode_s > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """``1 + accepted / verification steps`` (llama.cpp's "mean len")."""
+        return 1.0 + self.n_accepted / self.n_verif_steps if self.n_verif_steps else 1.0
+
+    def acceptance_summary(self) -> str:
+        """llama.cpp server's per-slot line: ``draft acceptance = ...``."""
+        return (
+            f"draft acceptance = {self.acceptance_rate:0.5f} ({self.n_accepted:5d} accepted / {self.n_drafted:5d} generated), "
+            f"mean len = {self.mean_accepted_length:5.2f}"
+        )
+
+    def merge(self, other: "GenerationStats") -> None:
+        for k in ("n_prompt", "n_predicted", "t_prompt_s", "t_decode_s", "n_target_decodes", "n_drafted", "n_accepted",
+                  "n_verif_steps", "n_replays", "n_restores", "n_checkpoints", "n_trims"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        per = self.n_accepted_per_pos
+        for i, c in enumerate(other.n_accepted_per_pos):
+            if i >= len(per):
+                per.append(0)
+            per[i] += c
+
+    def to_dict(self) -> dict:
+        return {
+            "n_prompt": self.n_prompt,
+            "n_predicted": self.n_predicted,
+            "t_prompt_ms": round(self.t_prompt_s * 1e3, 3),
+            "t_decode_ms": round(self.t_decode_s * 1e3, 3),
+            "prompt_tokens_per_second": round(self.prompt_tokens_per_second, 3),
+            "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
+            "n_target_decodes": self.n_target_decodes,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "n_verif_steps": self.n_verif_steps,
+            "acceptance_rate": round(self.acceptance_rate, 5),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "accepted_per_pos": [round(c / self.n_verif_steps, 4) if self.n_verif_steps else 0.0 for c in self.n_accepted_per_pos],
+            "n_replays": self.n_replays,
+            "n_restores": self.n_restores,
+            "n_checkpoints": self.n_checkpoints,
+            "n_trims": self.n_trims,
+        }
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    text: str
+    finish_reason: FinishReason
+    stats: GenerationStats
+    prompt_tokens: list[int] = field(default_factory=list)
+    #: per emitted token: True when it was a drafted token accepted by the target
+    drafted_mask: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class Chunk:
+    """What one slot emitted in one round: new tokens and the text that became final.
+
+    ``n_from_draft`` of the leading ``tokens`` were drafted and accepted (the last token of a verification
+    is always the target's own).
+    """
+
+    slot: "Slot"
+    tokens: list[int]
+    text: str
+    finished: bool = False
+    n_from_draft: int = 0
+
+
+class Slot:
+    """One sequence of the target context (``seq_id == id``)."""
+
+    def __init__(self, slot_id: int):
+        self.id = slot_id
+        self.state = SlotState.IDLE
+        self.sampler: L.Sampler | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.prompt: list[int] = []  # tokens in the target memory, in order (prompt + committed output)
+        self.n_prompt = 0
+        self.sampled: int | None = None  # last token sampled by the target, not yet decoded
+        self.generated: list[int] = []
+        self.n_predict = -1
+        self.sampling: L.SamplingParams | None = None
+        self.stream: TextStream | None = None
+        self.finish_reason: FinishReason | None = None
+        self.stats = GenerationStats()
+        self._t0 = 0.0
+        # speculative state (spec §7.1)
+        self.spec_draft: list[int] = []
+        self.spec_probs: list[np.ndarray] | None = None
+        self.spec_i_batch: list[int] = []
+        self.spec_ckpt = Checkpoint()
+        self.spec_is_replay = False
+        self.spec_requested = False
+        self.synth_rng = None
+        self.rng = None  # numpy Generator for rejection sampling (the target's own stream)
+
+    @property
+    def seq_id(self) -> int:
+        return self.id
+
+    @property
+    def n_past(self) -> int:
+        """Tokens in the target memory for this sequence."""
+        return len(self.prompt)
+
+    @property
+    def n_remaining(self) -> int:
+        """Tokens still allowed by ``n_predict`` (-1 = unlimited)."""
+        return -1 if self.n_predict < 0 else self.n_predict - len(self.generated)
