@@ -1,4 +1,4 @@
-"""``llamaspec generate``: plain (and later speculative) generation, text on stdout, the rest on stderr."""
+"""``llamaspec generate``: plain and speculative generation; text on stdout, everything else on stderr."""
 from __future__ import annotations
 
 import json
@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ._common import err_console, handle_errors, resolve_model_arg
+from .spec_options import build_spec_params, spec_options
 
 
 def _read_prompt(prompt: str | None, file: str | None) -> str:
@@ -29,14 +30,40 @@ def _read_prompt(prompt: str | None, file: str | None) -> str:
     return prompt
 
 
+def _read_prompts_file(path: str) -> list[str]:
+    """One prompt per line, or a JSONL file with a "prompt" field per line."""
+    from llamaspec.errors import UsageError
+
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"prompts file not found: {path}") from None
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                out.append(str(json.loads(line)["prompt"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise UsageError(f"{path}:{i}: a JSON line needs a \"prompt\" field") from None
+        else:
+            out.append(line.replace("\\n", "\n"))
+    if not out:
+        raise UsageError(f"prompts file {path} holds no prompt")
+    return out
+
+
 @click.command()
 @click.argument("prompt", required=False)
 @click.option("-f", "--file", "prompt_file", type=str, help="Read the prompt from a file ('-' = stdin).")
-@click.option("-m", "--model", help="Model name from models.toml or a path to a GGUF file (default: models.toml's default).")
+@click.option("--prompts-file", type=str, help="Several prompts (one per line, or JSONL with \"prompt\"), run --n-parallel at a time.")
+@click.option("-m", "--model", help="Target model: a name from models.toml or a path to a GGUF file (default: models.toml's default).")
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=256, show_default=True,
               help="Tokens to generate (-1 = until end of generation or a full context).")
 @click.option("-c", "--ctx-size", type=click.IntRange(min=16), default=4096, show_default=True, help="Context size (clamped to the model's).")
-@click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True, help="Prompt batch size (n_batch).")
+@click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True, help="Batch size (n_batch).")
+@click.option("-np", "--n-parallel", type=click.IntRange(min=1, max=256), default=1, show_default=True, help="Slots decoded together.")
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all available cores).")
 @click.option("--temp", type=click.FloatRange(min=0.0), default=0.8, show_default=True, help="Temperature; 0 = greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True, help="Top-k (0 = off).")
@@ -49,18 +76,27 @@ def _read_prompt(prompt: str | None, file: str | None) -> str:
 @click.option("--stop", "stop", multiple=True, help="Stop string (repeatable); the text is cut before it.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the model's chat template.")
 @click.option("--system", "system_prompt", default=None, help="System message (with --chat).")
+@spec_options
 @click.option("--cache-dir", default=None, help="Model cache directory (default: $LLAMASPEC_CACHE or ~/.cache/llamaspec).")
 @click.option("--stats-json", type=click.Path(dir_okay=False, writable=True), help="Write generation statistics as JSON to this file.")
+@click.option("--color/--no-color", "color", default=None, help="Colour drafted-and-accepted tokens (default: when stdout is a terminal).")
 @click.option("-q", "--quiet", is_flag=True, help="No statistics on stderr.")
 @handle_errors
-def generate(prompt, prompt_file, model, n_predict, ctx_size, batch_size, threads, temp, top_k, top_p, min_p,
-             repeat_penalty, repeat_last_n, seed, grammar_file, stop, chat, system_prompt, cache_dir, stats_json, quiet):
-    """Generate text from PROMPT (argument, --file or stdin). Only the generated text goes to stdout."""
+def generate(prompt, prompt_file, prompts_file, model, n_predict, ctx_size, batch_size, n_parallel, threads, temp, top_k,
+             top_p, min_p, repeat_penalty, repeat_last_n, seed, grammar_file, stop, chat, system_prompt, cache_dir,
+             stats_json, color, quiet, **spec_kw):
+    """Generate text from PROMPT (argument, --file or stdin). Only the generated text goes to stdout.
+
+    With --draft-model (-md) or --spec-type, generation is speculative: a drafter proposes tokens and the
+    target verifies them in one batch. Greedy output is the same as without speculation.
+    """
     from llamaspec import _llama as L
     from llamaspec.engine import Engine
     from llamaspec.errors import UsageError
 
-    text = _read_prompt(prompt, prompt_file)
+    if prompts_file is not None and (prompt is not None or prompt_file is not None):
+        raise UsageError("give either a prompt (argument / --file) or --prompts-file, not both")
+    prompts = _read_prompts_file(prompts_file) if prompts_file else [_read_prompt(prompt, prompt_file)]
     if system_prompt is not None and not chat:
         raise UsageError("--system needs --chat")
     grammar = None
@@ -74,35 +110,95 @@ def generate(prompt, prompt_file, model, n_predict, ctx_size, batch_size, thread
         repeat_last_n=repeat_last_n, seed=L.DEFAULT_SEED if seed == -1 else seed, grammar=grammar,
     )
     sampling.validate()
+    spec, draft_name, verify = build_spec_params(**spec_kw)
     path = resolve_model_arg(model, cache_dir)
-    with Engine(path, n_ctx=ctx_size, n_batch=batch_size, n_threads=threads) as eng:
-        if chat:
-            msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": text}]
-            text = eng.model.apply_chat_template(msgs)
-            tokens = eng.tokenize(text, add_special=True, parse_special=True)
+    dpath = resolve_model_arg(draft_name, cache_dir) if draft_name else None
+    out = sys.stdout
+    use_color = out.isatty() if color is None else color
+    with Engine(path, draft=dpath, spec=spec, verify=verify, n_ctx=ctx_size, n_batch=batch_size,
+                n_parallel=n_parallel, n_threads=threads) as eng:
+        def encode(text: str) -> list[int]:
+            if chat:
+                msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": text}]
+                return eng.tokenize(eng.model.apply_chat_template(msgs), add_special=True, parse_special=True)
+            return eng.tokenize(text)
+
+        token_lists = [encode(p) for p in prompts]
+
+        def write(ch) -> None:
+            if not ch.text:
+                return
+            if use_color and ch.n_from_draft:
+                # the text of the accepted drafted tokens, then the target's own token, uncoloured
+                own = eng.vocab.token_to_piece(ch.tokens[-1]).decode("utf-8", "replace") if ch.tokens else ""
+                cut = len(ch.text) - len(own) if own and ch.text.endswith(own) and len(ch.tokens) > ch.n_from_draft else len(ch.text)
+                out.write("\x1b[32m" + ch.text[:cut] + "\x1b[0m" + ch.text[cut:])
+            else:
+                out.write(ch.text)
+            out.flush()
+
+        if len(token_lists) == 1:
+            results = [eng.generate(token_lists[0], n_predict=n_predict, sampling=sampling, stop=stop, on_chunk=write)]
         else:
-            tokens = eng.tokenize(text)
-        out = sys.stdout
-        result = eng.generate(tokens, n_predict=n_predict, sampling=sampling, stop=stop,
-                              on_chunk=lambda ch: (out.write(ch.text), out.flush()) if ch.text else None)
-        if result.text and not result.text.endswith("\n") and out.isatty():
+            results = eng.generate_many(token_lists, n_predict=n_predict, sampling=sampling, stop=stop)
+            for i, r in enumerate(results):
+                if i:
+                    out.write("\n\n")
+                out.write(r.text)
+            out.flush()
+        if results[-1].text and not results[-1].text.endswith("\n") and out.isatty():
             out.write("\n")
         out.flush()
-        stats = {
-            "model": path,
-            "finish_reason": result.finish_reason.value,
-            **result.stats.to_dict(),
-        }
+        stats = _collect_stats(eng, path, dpath, results)
         if stats_json:
             Path(stats_json).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
         if not quiet:
-            _print_stats(stats)
+            _print_stats(eng, stats)
 
 
-def _print_stats(stats: dict) -> None:
+def _collect_stats(eng, path, dpath, results) -> dict:
+    from llamaspec.slot import GenerationStats
+
+    total = GenerationStats()
+    for r in results:
+        total.merge(r.stats)
+    d = total.to_dict()
+    # the slots ran concurrently: wall-clock decode time is the longest one, not the sum
+    if len(results) > 1:
+        t = max(r.stats.t_decode_s for r in results)
+        d["t_decode_ms"] = round(t * 1e3, 3)
+        d["decode_tokens_per_second"] = round(sum(max(0, r.stats.n_predicted - 1) for r in results) / t, 3) if t > 0 else 0.0
+    return {
+        "model": path,
+        "draft_model": dpath,
+        "spec_types": eng.chain.types if eng.chain else [],
+        "verify": eng.verify,
+        "target_level": eng.tgt_level.name,
+        "draft_level": eng.dft_level.name if eng.ctx_dft is not None else None,
+        "n_parallel": eng.n_parallel,
+        "finish_reasons": [r.finish_reason.value for r in results],
+        **d,
+        "drafters": eng.drafter_stats(),
+    }
+
+
+def _print_stats(eng, stats: dict) -> None:
+    from rich.table import Table
+
     err_console.print(
         f"[dim]{stats['n_prompt']} prompt tokens in {stats['t_prompt_ms']:.0f} ms "
         f"({stats['prompt_tokens_per_second']:.1f} t/s), {stats['n_predicted']} generated in "
         f"{stats['t_decode_ms']:.0f} ms ({stats['decode_tokens_per_second']:.1f} t/s), "
-        f"finish: {stats['finish_reason']}[/]"
+        f"finish: {', '.join(stats['finish_reasons'])}[/]"
     )
+    if not eng.chain:
+        return
+    t = Table(title="speculative decoding", title_justify="left")
+    for c in ("drafted", "accepted", "acceptance", "mean accepted len", "verify steps", "target", "draft", "restores"):
+        t.add_column(c, justify="right")
+    t.add_row(str(stats["n_drafted"]), str(stats["n_accepted"]), f"{stats['acceptance_rate']:.3f}",
+              f"{stats['mean_accepted_length']:.2f}", str(stats["n_verif_steps"]), stats["target_level"],
+              stats["draft_level"] or "-", str(stats["n_restores"]))
+    err_console.print(t)
+    for line in eng.stats_lines():
+        err_console.print(f"[dim]{line}[/]", soft_wrap=True)

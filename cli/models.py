@@ -31,35 +31,37 @@ from rich.table import Table
 from llamaspec import models as M
 from llamaspec.errors import FetchError
 
-
-def _stderr() -> Console:
-    return Console(stderr=True)
+from ._common import err_console, handle_errors
 
 
 @contextlib.contextmanager
 def progress_bar(console: Optional[Console] = None) -> Iterator[M.ProgressFn]:
-    """A ``progress(stage, done, total)`` callback drawing one rich bar per stage on stderr."""
-    console = console or _stderr()
-    bar = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-        disable=not console.is_terminal,
-    )
+    """A ``progress(stage, done, total)`` callback drawing one rich bar per stage on stderr.
+
+    The bar appears on the first report only, so nothing is drawn when the model is already cached.
+    """
+    console = console or err_console
+    state: dict[str, Any] = {"bar": None}
     tasks: dict[str, TaskID] = {}
 
     def callback(stage: str, done: int, total: Optional[int]) -> None:
+        bar = state["bar"]
+        if bar is None:
+            bar = state["bar"] = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=False,
+            )
+            bar.start()
         tid = tasks.get(stage)
         if tid is None:
             tid = tasks[stage] = bar.add_task(stage, total=total)
         bar.update(tid, completed=done, total=total)
 
-    with bar:
+    try:
         yield callback
+    finally:
+        if state["bar"] is not None:
+            state["bar"].stop()
 
 
 def _registry(ctx: click.Context) -> M.Registry:
@@ -122,6 +124,7 @@ def models(ctx: click.Context, models_toml: Optional[str]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Model cache (default: $LLAMASPEC_CACHE or ~/.cache/llamaspec).")
 @click.pass_context
+@handle_errors
 def list_cmd(ctx: click.Context, as_json: bool, cache_dir: Optional[str]) -> None:
     """Show the models and target+draft pairs, and which models are cached."""
     reg = _registry(ctx)
@@ -143,16 +146,23 @@ def list_cmd(ctx: click.Context, as_json: bool, cache_dir: Optional[str]) -> Non
         }, indent=2))
         return
     console = Console()
+    wide = console.width >= 160  # room for cache paths
+    with_desc = console.width >= 110
     t = Table(title="Models", title_justify="left")
     t.add_column("name", style="bold", no_wrap=True)
-    t.add_column("source")
+    t.add_column("source", overflow="fold")
     t.add_column("size", justify="right", no_wrap=True)
-    t.add_column("cached")
-    t.add_column("description")
+    t.add_column("cached" if not wide else "cached at", overflow="fold")
+    if with_desc:
+        t.add_column("description")
     for r in rows:
-        name = r["name"] + (" [green](default)[/]" if r["default"] else "")
-        cached = f"[green]{r['path']}[/]" if r["cached"] else "[dim]no[/]"
-        t.add_row(name, r["source_text"], _fmt_size(r["size_bytes"]), cached, r["description"])
+        name = r["name"] + (" [green]*[/]" if r["default"] else "")
+        if r["cached"]:
+            cached = f"[green]{r['path']}[/]" if wide else "[green]yes[/]"
+        else:
+            cached = "[dim]no[/]"
+        cells = [name, r["source_text"], _fmt_size(r["size_bytes"]), cached]
+        t.add_row(*(cells + [r["description"]] if with_desc else cells))
     console.print(t)
     pt = Table(title="Pairs (target + draft)", title_justify="left")
     pt.add_column("name", style="bold", no_wrap=True)
@@ -160,17 +170,19 @@ def list_cmd(ctx: click.Context, as_json: bool, cache_dir: Optional[str]) -> Non
     pt.add_column("draft")
     pt.add_column("agreement", justify="right")
     pt.add_column("cost ratio", justify="right")
-    pt.add_column("description")
+    if with_desc:
+        pt.add_column("description")
     for p in pairs:
         agr = p.get("agreement")
         cr = p.get("cost_ratio")
-        pt.add_row(
-            p["name"] + (" [green](default)[/]" if p["default"] else ""), p["target"], p["draft"],
+        cells = [
+            p["name"] + (" [green]*[/]" if p["default"] else ""), p["target"], p["draft"],
             f"{agr:.0%}" if isinstance(agr, (int, float)) else "", f"{cr:.2f}" if isinstance(cr, (int, float)) else "",
-            p["description"],
-        )
+        ]
+        pt.add_row(*(cells + [p["description"]] if with_desc else cells))
     console.print(pt)
-    console.print(f"[dim]cache: {cache}   registry: {', '.join(str(s) for s in reg.sources)}[/]")
+    console.print(f"[dim]* default.  cache: {cache}  (`llamaspec models path NAME` prints a path)\n"
+                  f"registry: {', '.join(str(s) for s in reg.sources)}[/]")
 
 
 def _names_to_models(reg: M.Registry, names: tuple[str, ...]) -> list[str]:
@@ -189,6 +201,7 @@ def _names_to_models(reg: M.Registry, names: tuple[str, ...]) -> list[str]:
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Model cache (default: $LLAMASPEC_CACHE or ~/.cache/llamaspec).")
 @click.option("--verify", is_flag=True, help="Re-hash cached files and fetch again any that do not match.")
 @click.pass_context
+@handle_errors
 def pull_cmd(ctx: click.Context, names: tuple[str, ...], cache_dir: Optional[str], verify: bool) -> None:
     """Fetch (or derive) models into the cache and print their paths.
 
@@ -208,6 +221,7 @@ def pull_cmd(ctx: click.Context, names: tuple[str, ...], cache_dir: Optional[str
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Model cache (default: $LLAMASPEC_CACHE or ~/.cache/llamaspec).")
 @click.option("--no-fetch", is_flag=True, help="Fail (exit 1) instead of fetching when the model is not cached.")
 @click.pass_context
+@handle_errors
 def path_cmd(ctx: click.Context, name: Optional[str], cache_dir: Optional[str], no_fetch: bool) -> None:
     """Print the local path of a model (default: the default model), fetching it if needed."""
     reg = _registry(ctx)

@@ -1,0 +1,73 @@
+"""Speculative-decoding flags with llama.cpp's names (spec §2.2), shared by generate / bench / serve."""
+from __future__ import annotations
+
+import click
+
+_OPTIONS = [
+    click.option("-md", "--draft-model", "--spec-draft-model", "--model-draft", "draft_model", default=None,
+                 help="Draft model (name from models.toml or GGUF path); enables draft-simple unless --spec-type says otherwise."),
+    click.option("--spec-type", "spec_type", multiple=True,
+                 help="Comma-separated drafter types, appended in order (draft-simple, ngram-simple, ngram-map-k, "
+                      "ngram-map-k4v, ngram-mod, ngram-cache, none)."),
+    click.option("--spec-default", is_flag=True, help="ngram-mod with n_match 24, n_min 48, n_max 64 (llama.cpp's default)."),
+    click.option("--spec-draft-n-max", type=int, default=None, help="Max drafted tokens per round (draft models; default 3)."),
+    click.option("--spec-draft-n-min", type=int, default=None, help="Min drafted tokens, shorter drafts are dropped (default 0)."),
+    click.option("--spec-draft-p-min", "--draft-p-min", type=float, default=None, help="Stop drafting below this draft probability (default 0)."),
+    click.option("--spec-synth-len", type=str, default=None, help="Synthetic acceptance: mean accepted length (benchmarks only)."),
+    click.option("--spec-synth-rates", type=str, default=None, help="Synthetic acceptance: comma list of per-position rates (benchmarks only)."),
+    click.option("--verify", "verify", type=click.Choice(["match", "rejection"]), default="match", show_default=True,
+                 help="match = llama.cpp's sample-and-match; rejection = rejection sampling at temperature > 0."),
+]
+
+
+def spec_options(f):
+    from .ngram_options import OPTIONS as NGRAM_OPTIONS
+
+    for opt in reversed(_OPTIONS + NGRAM_OPTIONS):
+        f = opt(f)
+    return f
+
+
+def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max, spec_draft_n_min, spec_draft_p_min,
+                      spec_synth_len, spec_synth_rates, verify, **extra):
+    """SpecParams from the flags, validated with llama.cpp's rules and clear messages."""
+    from llamaspec.errors import UsageError
+    from llamaspec.params import SpecParams
+
+    p = SpecParams()
+    for t in spec_type:
+        p.add_types(t)
+    if spec_default:
+        p.add_types("ngram-mod")
+        p.ngram_mod.n_match, p.ngram_mod.n_min, p.ngram_mod.n_max = 24, 48, 64
+    if spec_draft_n_max is not None:
+        if spec_draft_n_max < 0:
+            raise UsageError(f"--spec-draft-n-max must be >= 0, got {spec_draft_n_max}")
+        p.draft.n_max = spec_draft_n_max
+    if spec_draft_n_min is not None:
+        if spec_draft_n_min < 0:
+            raise UsageError(f"--spec-draft-n-min must be >= 0, got {spec_draft_n_min}")
+        p.draft.n_min = spec_draft_n_min
+    if spec_draft_p_min is not None:
+        if not 0.0 <= spec_draft_p_min <= 1.0:
+            raise UsageError(f"--spec-draft-p-min must be in [0, 1], got {spec_draft_p_min}")
+        p.draft.p_min = spec_draft_p_min
+    if spec_synth_len is not None or spec_synth_rates is not None:
+        from llamaspec.synth import parse_synth_len, parse_synth_rates
+
+        if spec_synth_len is not None and spec_synth_rates is not None:
+            raise UsageError("--spec-synth-len and --spec-synth-rates are mutually exclusive: give one")
+        if spec_synth_len is not None:
+            p.synth_len = parse_synth_len(spec_synth_len)
+        if spec_synth_rates is not None:
+            p.synth_rates = parse_synth_rates(spec_synth_rates)
+    from .ngram_options import apply_ngram_options
+
+    apply_ngram_options(p, extra)
+    if "draft-simple" in p.types and not draft_model:
+        raise UsageError("--spec-type draft-simple needs a draft model: add --draft-model (-md) NAME|PATH")
+    if draft_model and not p.types_are_default and "draft-simple" not in p.types:
+        raise UsageError("--draft-model is given but --spec-type does not include draft-simple; add it or drop the draft model")
+    if p.has_synth() and p.types_are_default and not draft_model:
+        raise UsageError("synthetic acceptance needs a drafter: add --spec-type or --draft-model")
+    return p, draft_model, verify
