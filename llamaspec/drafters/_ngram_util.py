@@ -1,0 +1,79 @@
+"""Small numpy helpers shared by the n-gram drafters (no llama.cpp state here).
+
+Token histories reach the drafters as Python lists or numpy arrays; :func:`as_tokens` turns either into a
+contiguous ``int32`` array without copying when it already is one.
+
+>>> a = as_tokens([5, 1, 2, 3, 1, 2, 3, 9])
+>>> find_matches(a, np.array([1, 2, 3], dtype=np.int32), 0, 5).tolist()
+[1, 4]
+>>> last_match(a, np.array([1, 2, 3], dtype=np.int32), 0, 3)
+1
+>>> last_match(a, np.array([7, 7], dtype=np.int32), 0, 6)
+-1
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+MASK32 = 0xFFFFFFFF
+MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``tokens`` as a 1-D int32 array (a view when it already is one)."""
+    if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1:
+        return tokens
+    return np.asarray(tokens, dtype=np.int32).reshape(-1)
+
+
+def tail_list(tokens: Sequence[int] | np.ndarray, start: int, stop: int | None = None) -> list[int]:
+    """``tokens[start:stop]`` as a new list, cheap for both lists (a slice) and arrays (Python ints)."""
+    part = tokens[start:stop]
+    if isinstance(part, np.ndarray):
+        return part.tolist()
+    return part if isinstance(part, list) else list(part)
+
+
+def find_matches(arr: np.ndarray, pattern: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """All ``j`` in ``[lo, hi]`` (inclusive, ascending) with ``arr[j:j+n] == pattern`` (``n = len(pattern)``).
+
+    The caller guarantees ``hi + n <= len(arr)``. Candidates are filtered one pattern position at a time,
+    so the cost is about one pass over ``arr[lo:hi+1]`` plus a little per surviving candidate.
+    """
+    n = len(pattern)
+    if hi < lo or n == 0:
+        return np.empty(0, dtype=np.int64)
+    seg = arr[lo: hi + n]
+    cand = np.flatnonzero(seg[: hi - lo + 1] == pattern[0])
+    for k in range(1, n):
+        if cand.size == 0:
+            break
+        cand = cand[seg[cand + k] == pattern[k]]
+    return cand + lo
+
+
+def last_match(arr: np.ndarray, pattern: np.ndarray, lo: int, hi: int) -> int:
+    """The largest ``j`` in ``[lo, hi]`` with ``arr[j:j+n] == pattern``, or -1 (a scan from ``hi`` down)."""
+    # search backwards in growing chunks: in copy-heavy text the latest match is usually recent
+    if hi < lo:
+        return -1
+    if len(pattern) == 0:
+        return hi
+    chunk = 512
+    top = hi
+    while top >= lo:
+        bottom = max(lo, top - chunk + 1)
+        m = find_matches(arr, pattern, bottom, top)
+        if m.size:
+            return int(m[-1])
+        top = bottom - 1
+        chunk *= 4
+    return -1
+
+
+def first_occurrence(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique values of ``idx`` and the position of the first occurrence of each."""
+    uniq, first = np.unique(idx, return_index=True)
+    return uniq, first
