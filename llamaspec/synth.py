@@ -271,13 +271,17 @@ class Mt19937Uniform:
     __slots__ = ("seed", "_bg")
 
     def __init__(self, seed: int):
+        self._bg = np.random.MT19937(0)  # construction is the slow part (~0.3 ms); reseed() is cheap
+        self.reseed(seed)
+
+    def reseed(self, seed: int) -> None:
+        """Restart the stream from ``seed`` (``std::mt19937::seed``), keeping the object."""
         seed = int(seed)
         if not 0 <= seed <= 0xFFFFFFFF:
             raise UsageError(f"seed must be in [0, 4294967295] (4294967295 = random), got {seed}")
         if seed == RANDOM_SEED:
             seed = secrets.randbits(32)
         self.seed = seed
-        self._bg = np.random.MT19937()
         self._bg._legacy_seeding(seed)
 
     def next_u32(self) -> int:
@@ -299,7 +303,7 @@ class Mt19937Uniform:
         """An independent copy in the same state."""
         other = Mt19937Uniform.__new__(Mt19937Uniform)
         other.seed = self.seed
-        other._bg = np.random.MT19937()
+        other._bg = np.random.MT19937(0)
         other._bg.state = self._bg.state
         return other
 

@@ -211,6 +211,17 @@ def test_mt19937_seeds():
             Mt19937Uniform(bad)
 
 
+def test_mt19937_reseed_restarts_the_stream():
+    u = Mt19937Uniform(11)
+    first = [u.next() for _ in range(3)]
+    u.reseed(12)
+    assert u.seed == 12 and u.next() == Mt19937Uniform(12).next()
+    u.reseed(11)
+    assert [u.next() for _ in range(3)] == first
+    with pytest.raises(UsageError, match="seed must be in"):
+        u.reseed(-5)
+
+
 def test_mt19937_clone_and_call():
     u = Mt19937Uniform(99)
     u.next()

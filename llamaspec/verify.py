@@ -1,0 +1,395 @@
+"""Verification of a draft against the target: pure functions (numpy only, no llama.cpp).
+
+Three verifiers, each reached through small callbacks so it can be tested without a model:
+
+- :func:`sample_and_match` — llama.cpp's own rule (spec §8.1), the parity mode and the default.
+- :func:`rejection_verify` — stochastic speculative sampling for temperature > 0 (beyond-vendored §1):
+  accept draft token ``x`` with probability ``min(1, p_tgt(x) / p_dft(x))``, else emit a *recovered* token
+  drawn from ``norm(max(0, p_tgt - p_dft))``; a *bonus* token from ``p_tgt`` of row ``d`` when every
+  draft token is accepted. Emitted tokens are distributed exactly as the target's own samples.
+- :func:`replay` — the round after a checkpoint restore (beyond-vendored §2): known tokens are
+  re-accepted, only the last row is sampled.
+
+Rows: a verification round decodes ``[id_last] + draft`` (``d + 1`` rows, all with outputs). Row 0 is the
+row of ``id_last`` and predicts the position of ``draft[0]``; row ``i`` predicts the position of
+``draft[i]``; row ``d`` predicts the token after the last draft.
+
+Names: ``p_tgt`` is the target's distribution at a row, ``p_dft`` the draft's distribution that a draft
+token was sampled from. Outcomes: *accepted* (a draft token kept), *recovered* (the token drawn instead
+of a rejected draft token), *bonus* (the extra token after a fully accepted draft).
+
+:func:`probs_from_logits` and :func:`draft_probs` turn logits into ``p_tgt`` / ``p_dft`` the way the
+engine's llama.cpp sampler chains do (top-k -> top-p -> min-p -> temperature -> dist).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence, Union
+
+import numpy as np
+
+__all__ = [
+    "VerifyResult",
+    "sample_and_match",
+    "replay",
+    "rejection_verify",
+    "sample_from_probs",
+    "probs_from_logits",
+    "draft_probs",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# sample-and-match and replay
+# --------------------------------------------------------------------------------------------------
+
+
+def sample_and_match(sample_row: Callable[[int], int], is_eog: Callable[[int], bool], draft: Sequence[int]) -> list[int]:
+    """llama.cpp's verification (``common_sampler_sample_and_accept_n``, spec §8.1).
+
+    Callback contract:
+
+    - ``sample_row(i)``: sample output row ``i`` of this round with the target sampler **and accept**
+      the pick into it (as generated: grammar, penalties, history, random stream), return the pick.
+      Called for rows ``0, 1, ...`` in order, each at most once.
+    - ``is_eog(token)``: whether ``token`` ends generation.
+
+    For ``i`` in ``0..d-1``: ``t = sample_row(i)``, emit ``t``; stop if ``t != draft[i]`` or if ``t`` is EOG
+    and not the last draft position. When all ``d`` matched, also emit ``sample_row(d)`` (the bonus). The
+    result has 1..d+1 tokens and its last one is always the target's own pick; ``len(result) - 1`` draft
+    tokens were accepted.
+
+    >>> picks = [5, 6, 9, 4]
+    >>> sample_and_match(lambda i: picks[i], lambda t: False, [5, 6, 7])    # mismatch at position 2
+    [5, 6, 9]
+    >>> sample_and_match(lambda i: [5, 6, 7, 4][i], lambda t: False, [5, 6, 7])   # all + bonus
+    [5, 6, 7, 4]
+    >>> sample_and_match(lambda i: [5, 2, 7][i], lambda t: t == 2, [5, 2, 7])     # EOG before the end
+    [5, 2]
+    >>> sample_and_match(lambda i: 3, lambda t: False, [])                      # no draft: one token
+    [3]
+    """
+    d = len(draft)
+    out: list[int] = []
+    for i in range(d):
+        t = int(sample_row(i))
+        out.append(t)
+        if t != int(draft[i]) or (i + 1 < d and is_eog(t)):
+            return out
+    out.append(int(sample_row(d)))
+    return out
+
+
+def replay(advance_row: Callable[[int, int], object], sample_row: Callable[[int], int], known: Sequence[int]) -> list[int]:
+    """The verification of a replay round (beyond-vendored §2, spec §7.5 step 4).
+
+    After a partial acceptance forced a checkpoint restore, the next round decodes
+    ``[id_last] + known`` again, where ``known`` is what the first pass emitted (the accepted draft
+    tokens followed by the target's own token). The decisions were already made: this keeps ``known``
+    and samples only the row after it. Returns ``known + [new token]``, so nothing is rolled back.
+
+    Callback contract (the target sampler must have been restored to its state before the first pass):
+
+    - ``advance_row(i, token)``: bring the target sampler to the state the first pass left it in after
+      row ``i``: run the sampler over row ``i`` exactly as the first pass did, so its random stream
+      advances by the same draws, **discard** the pick, then accept ``token`` into the sampler as
+      generated (grammar, penalties, history). With llama.cpp that is ``llama_sampler_apply`` on the row's
+      candidates followed by ``llama_sampler_accept(token)``; not ``llama_sampler_sample``, which would
+      accept its own pick. For rows verified by :func:`rejection_verify` the first pass drew one uniform
+      per examined row plus one for the recovered token; re-draw those (or do not rewind that stream).
+      The return value is ignored.
+    - ``sample_row(i)``: as in :func:`sample_and_match`: sample row ``i`` for real and accept the pick.
+
+    Replay rounds are not new drafts: the engine must not count them as drafted/accepted again
+    (spec §7.5 step 6 subtracts the target's token from the accepted count).
+
+    >>> log = []
+    >>> replay(lambda i, t: log.append((i, t)), lambda i: 40 + i, [11, 12, 13])
+    [11, 12, 13, 43]
+    >>> log
+    [(0, 11), (1, 12), (2, 13)]
+    """
+    out: list[int] = []
+    for i, token in enumerate(known):
+        token = int(token)
+        advance_row(i, token)
+        out.append(token)
+    out.append(int(sample_row(len(known))))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# rejection sampling
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of one round of :func:`rejection_verify`.
+
+    ``tokens``: the emitted tokens: ``n_accepted`` accepted draft tokens, then one recovered token
+    (``recovered``) or one bonus token (``bonus``), or nothing more when the round stopped at an accepted
+    EOG draft token before the last position (both flags False).
+    """
+
+    tokens: list[int]
+    n_accepted: int
+    recovered: bool
+    bonus: bool
+
+
+def sample_from_probs(probs: np.ndarray, u: float) -> int:
+    """Inverse-CDF draw by token id: the first id whose cumulative weight exceeds ``u * total``.
+
+    ``probs`` need not be normalised; ids with weight 0 are never drawn. One uniform ``u`` in [0, 1)
+    per draw, so a fixed uniform stream gives a fixed token.
+
+    >>> p = np.array([0.0, 0.5, 0.0, 0.25, 0.25])
+    >>> [sample_from_probs(p, u) for u in (0.0, 0.49, 0.5, 0.74, 0.75, 0.999)]
+    [1, 1, 3, 3, 4, 4]
+    """
+    w = np.asarray(probs, dtype=np.float64)
+    cum = np.cumsum(w)
+    total = cum[-1] if cum.size else 0.0
+    if not total > 0.0 or not np.isfinite(total):
+        raise ValueError("sample_from_probs: the weights sum to zero (or are not finite)")
+    i = int(np.searchsorted(cum, u * total, side="right"))
+    if i >= w.size or w[i] <= 0.0:  # u * total rounded up to the total: take the last id with weight
+        i = int(np.flatnonzero(w > 0.0)[-1])
+    return i
+
+
+RowSource = Union[np.ndarray, Sequence[np.ndarray], Callable[[int], np.ndarray]]
+MaskSource = Union[None, Sequence[Union[np.ndarray, None]], Callable[[int], Union[np.ndarray, None]]]
+
+
+def _getter(src, what: str):
+    if src is None:
+        return lambda i: None
+    if callable(src):
+        return src
+    return lambda i: src[i]
+
+
+def _target_row(raw, mask, i: int) -> np.ndarray:
+    p = np.asarray(raw, dtype=np.float64).reshape(-1)
+    if mask is not None:
+        m = np.asarray(mask, dtype=bool).reshape(-1)
+        if m.shape != p.shape:
+            raise ValueError(f"rejection_verify: mask of row {i} has {m.size} entries, p_tgt has {p.size}")
+        p = np.where(m, p, 0.0)
+    s = p.sum()
+    if not s > 0.0 or not np.isfinite(s):
+        raise ValueError(
+            f"rejection_verify: p_tgt of row {i} has no mass"
+            + (" on the tokens the grammar allows; compute it with probs_from_logits(..., mask=allowed)"
+               " (grammar first) instead" if mask is not None else "")
+        )
+    return p / s
+
+
+def rejection_verify(
+    p_tgt: RowSource,
+    draft: Sequence[int],
+    p_dft: Sequence[np.ndarray],
+    uniform: Callable[[], float],
+    *,
+    mask: MaskSource = None,
+    accept: Callable[[int], object] | None = None,
+    is_eog: Callable[[int], bool] | None = None,
+) -> VerifyResult:
+    """Speculative (rejection) sampling of one round (beyond-vendored §1).
+
+    Arguments:
+
+    - ``p_tgt``: the target's distribution for rows ``0..d`` over the whole vocabulary, after its own
+      sampler transformations (see :func:`probs_from_logits`): a ``(d+1, n_vocab)`` array, a list of
+      vectors, or a callable ``row -> vector``. Rows are read in order and only as far as needed.
+    - ``draft``: the ``d`` drafted token ids; ``draft[i]`` must have been **sampled** from ``p_dft[i]``.
+    - ``p_dft``: for each drafted position the full-vocabulary distribution the drafter sampled from
+      (after its top-k and temperature, see :func:`draft_probs`).
+    - ``uniform``: the target's own random stream, one uniform in [0, 1) per call (e.g. an
+      :class:`~llamaspec.synth.Mt19937Uniform` seeded with the target seed). Never the draft's stream.
+    - ``mask``: optional grammar: per row a boolean vector of allowed token ids (or None = no
+      constraint), as a sequence or a callable ``row -> vector | None``. ``p_tgt`` is zeroed outside the
+      mask and renormalised before ``p_tgt / p_dft`` and before the residual.
+    - ``accept``: optional callback called with each emitted token, in order, before the next row's
+      ``p_tgt`` / ``mask`` is requested (so callables can depend on the grammar / penalty state).
+    - ``is_eog``: optional; an accepted EOG draft token before the last position ends the round (as in
+      :func:`sample_and_match`).
+
+    Uniform draws: one per examined draft position (the acceptance test ``u * p_dft(x) < p_tgt(x)``,
+    drawn even when the ratio is >= 1), plus one for the recovered or bonus token. ``p_dft`` and the
+    ``p_tgt`` rows are normalised here; a draft token with ``p_dft(x) == 0`` is a contract violation.
+    The residual ``max(0, p_tgt - p_dft)`` is taken by token id; if it sums to 0 (``p_tgt == p_dft``) the
+    recovered token is drawn from ``p_tgt``.
+
+    Worked example (3 tokens). The draft proposed token 0 with ``p_dft(0) = 0.8`` but ``p_tgt(0) = 0.4``:
+    accepted iff ``u * 0.8 < 0.4``, i.e. ``u < 0.5``. With ``u = 0.7`` it is rejected and the residual
+    ``max(0, [0.4, 0.5, 0.1] - [0.8, 0.1, 0.1]) = [0, 0.4, 0]`` recovers token 1:
+
+    >>> p_tgt = np.array([[0.4, 0.5, 0.1], [0.2, 0.2, 0.6]])
+    >>> p_dft = [np.array([0.8, 0.1, 0.1])]
+    >>> us = iter([0.7, 0.3]); rejection_verify(p_tgt, [0], p_dft, lambda: next(us))
+    VerifyResult(tokens=[1], n_accepted=0, recovered=True, bonus=False)
+
+    With ``u = 0.2`` the draft token is accepted and the bonus is drawn from row 1 (``0.9`` -> token 2):
+
+    >>> us = iter([0.2, 0.9]); rejection_verify(p_tgt, [0], p_dft, lambda: next(us))
+    VerifyResult(tokens=[0, 2], n_accepted=1, recovered=False, bonus=True)
+
+    A grammar that forbids token 1 at row 0 leaves ``p_tgt = [0.8, 0, 0.2]``: token 0 is always accepted.
+
+    >>> us = iter([0.99, 0.0]); rejection_verify(p_tgt, [0], p_dft, lambda: next(us),
+    ...                                          mask=[np.array([True, False, True]), None])
+    VerifyResult(tokens=[0, 0], n_accepted=1, recovered=False, bonus=True)
+    """
+    d = len(draft)
+    if len(p_dft) != d:
+        raise ValueError(f"rejection_verify: {len(p_dft)} p_dft vectors for a draft of {d}")
+    row_of = _getter(p_tgt, "p_tgt")
+    mask_of = _getter(mask, "mask")
+    tokens: list[int] = []
+
+    def emit(t: int) -> None:
+        tokens.append(t)
+        if accept is not None:
+            accept(t)
+
+    for i in range(d):
+        p = _target_row(row_of(i), mask_of(i), i)
+        q = np.asarray(p_dft[i], dtype=np.float64).reshape(-1)
+        if q.shape != p.shape:
+            raise ValueError(f"rejection_verify: p_dft of position {i} has {q.size} entries, p_tgt has {p.size}")
+        qs = q.sum()
+        x = int(draft[i])
+        if not 0 <= x < p.size:
+            raise ValueError(f"rejection_verify: draft token {x} at position {i} is outside the vocabulary ({p.size})")
+        if not qs > 0.0 or not np.isfinite(qs) or q[x] <= 0.0:
+            raise ValueError(
+                f"rejection_verify: draft token {x} at position {i} has p_dft = 0; it must be sampled from p_dft"
+            )
+        q = q / qs
+        if uniform() * q[x] < p[x]:
+            emit(x)
+            if is_eog is not None and i + 1 < d and is_eog(x):
+                return VerifyResult(tokens, i + 1, False, False)
+            continue
+        residual = np.maximum(p - q, 0.0)
+        if not residual.sum() > 0.0:
+            residual = p
+        emit(sample_from_probs(residual, uniform()))
+        return VerifyResult(tokens, i, True, False)
+
+    p = _target_row(row_of(d), mask_of(d), d)
+    emit(sample_from_probs(p, uniform()))
+    return VerifyResult(tokens, d, False, True)
+
+
+# --------------------------------------------------------------------------------------------------
+# distributions from logits (llama.cpp's sampler pipeline)
+# --------------------------------------------------------------------------------------------------
+
+
+def _softmax32(logits: np.ndarray) -> np.ndarray:
+    """llama.cpp's float softmax: ``expf(l - max)``, sequential float sum, divide."""
+    e = np.exp(logits - logits.max(), dtype=np.float32)
+    s = np.cumsum(e, dtype=np.float32)[-1]
+    return e / s
+
+
+def probs_from_logits(
+    logits: np.ndarray,
+    temp: float,
+    top_k: int = 40,
+    top_p: float = 0.95,
+    min_p: float = 0.05,
+    *,
+    mask: np.ndarray | None = None,
+) -> np.ndarray:
+    """The full-vocabulary distribution the target's sampler chain samples from:
+    ``[grammar] -> top-k -> top-p -> min-p -> temperature -> dist`` (the engine's chain, in llama.cpp's
+    common order). Returns a float64 vector over token ids, 0 for every token the chain removed.
+
+    Semantics, as llama.cpp's samplers implement them (float32 arithmetic like the C code):
+
+    - ``mask`` (grammar first): tokens outside it get logit -inf before anything else. This is the
+      distribution of llama.cpp's grammar resample path.
+    - top-k: ``k <= 0`` keeps everything; otherwise the ``min(k, n)`` largest logits.
+    - top-p: ``p >= 1`` does nothing; otherwise softmax over the remaining candidates **at temperature 1**
+      (temperature comes later in the chain), sorted descending, and the shortest prefix whose float
+      cumulative sum reaches ``p`` (``cum >= p``) is kept, with ``min_keep = 1``; if rounding keeps the
+      sum below ``p``, everything stays.
+    - min-p: ``p <= 0`` does nothing; otherwise keeps tokens with ``logit >= max_logit + log(p)``, i.e.
+      probability at least ``p`` times the most likely remaining token's, again at temperature 1. The top
+      token always stays.
+    - temperature: logits divided by ``temp``; ``temp <= 0`` keeps only the largest logit (point mass).
+    - dist: softmax of what is left.
+
+    Differences from llama.cpp, all at tie / rounding level: logit ties at a top-k or top-p cut are
+    broken by lower token id (llama.cpp's partial sort leaves that order unspecified); the float sums run
+    in sorted order, where llama.cpp sums an unsorted candidate array in id order, so a cumulative sum
+    landing within one float ulp of ``top_p`` may cut one token differently. Penalties (repeat,
+    frequency, presence) are not applied here: pass logits that already carry them.
+
+    >>> logits = np.log(np.array([0.05, 0.5, 0.3, 0.1, 0.05]))
+    >>> np.round(probs_from_logits(logits, 1.0, top_k=0, top_p=1.0, min_p=0.0), 3)
+    array([0.05, 0.5 , 0.3 , 0.1 , 0.05])
+    >>> np.round(probs_from_logits(logits, 1.0, top_k=2, top_p=1.0, min_p=0.0), 3)   # top-k 2
+    array([0.   , 0.625, 0.375, 0.   , 0.   ])
+    >>> np.round(probs_from_logits(logits, 1.0, top_k=0, top_p=0.75, min_p=0.0), 3)  # 0.5 + 0.3 >= 0.75
+    array([0.   , 0.625, 0.375, 0.   , 0.   ])
+    >>> np.round(probs_from_logits(logits, 1.0, top_k=0, top_p=1.0, min_p=0.2), 3)   # keep p >= 0.2 * 0.5
+    array([0.   , 0.556, 0.333, 0.111, 0.   ])
+    >>> probs_from_logits(logits, 0.0).tolist()                                       # greedy
+    [0.0, 1.0, 0.0, 0.0, 0.0]
+    """
+    x = np.array(logits, dtype=np.float32).reshape(-1)
+    n = x.size
+    if n == 0:
+        raise ValueError("probs_from_logits: empty logits")
+    if mask is not None:
+        m = np.asarray(mask, dtype=bool).reshape(-1)
+        if m.shape != x.shape:
+            raise ValueError(f"probs_from_logits: mask has {m.size} entries, logits have {n}")
+        if not m.any():
+            raise ValueError("probs_from_logits: the mask allows no token")
+        x[~m] = -np.inf
+    # candidates sorted by logit, descending; ties by lower id (stable sort of the negated logits)
+    cand = np.argsort(-x, kind="stable")
+    if mask is not None:
+        cand = cand[x[cand] > -np.inf]  # the grammar's -inf rows would get probability 0 anyway
+    if top_k > 0:
+        cand = cand[: min(int(top_k), cand.size)]
+    if top_p < 1.0:
+        cum = np.cumsum(_softmax32(x[cand]), dtype=np.float32)
+        hit = np.flatnonzero(cum >= np.float32(top_p))
+        if hit.size:
+            cand = cand[: int(hit[0]) + 1]
+    if min_p > 0.0:
+        min_logit = np.float32(x[cand[0]] + np.float32(np.log(np.float32(min_p))))
+        keep = x[cand] >= min_logit
+        keep[0] = True
+        cand = cand[keep]
+    out = np.zeros(n, dtype=np.float64)
+    if temp <= 0.0:
+        out[cand[0]] = 1.0
+        return out
+    scaled = x[cand] / np.float32(temp)
+    e = np.exp(scaled - scaled.max(), dtype=np.float32).astype(np.float64)
+    out[cand] = e / e.sum()
+    return out
+
+
+def draft_probs(logits: np.ndarray, temp: float, top_k: int) -> np.ndarray:
+    """The draft sampler's distribution when it samples for rejection verification: top-k followed by
+    temperature, then a draw (beyond-vendored §1; ``Sampler.top_k_dist(k, seed, temp)`` in the engine).
+    ``temp <= 0`` gives the argmax as a point mass; ``top_k <= 0`` keeps every token.
+
+    >>> logits = np.log(np.array([0.1, 0.6, 0.3]))
+    >>> np.round(draft_probs(logits, 1.0, top_k=2), 3)
+    array([0.   , 0.667, 0.333])
+    >>> np.round(draft_probs(logits, 0.5, top_k=0), 3)   # temperature 0.5 squares and renormalises
+    array([0.022, 0.783, 0.196])
+    """
+    return probs_from_logits(logits, temp, top_k=top_k, top_p=1.0, min_p=0.0)
