@@ -71,16 +71,18 @@ class NgramSimple(Drafter):
 
     ``fix_short_match`` (default False = llama.cpp): when the latest match leaves fewer than n tokens to
     copy, keep scanning for an earlier match instead of drafting nothing (helps short-period repetition).
+    ``fix_quirks=True`` turns on every fix of this type (here just that one).
     """
 
     type = "ngram-simple"
 
-    def __init__(self, n_seq: int, params: NgramMapParams, *, fix_short_match: bool = False):
+    def __init__(self, n_seq: int, params: NgramMapParams, *, fix_quirks: bool = False,
+                 fix_short_match: bool | None = None):
         super().__init__(n_seq)
         self.params = replace(params)
         self.size_n = int(params.size_n)
         self.size_m = int(params.size_m)
-        self.fix_short_match = bool(fix_short_match)
+        self.fix_short_match = bool(fix_quirks) if fix_short_match is None else bool(fix_short_match)
         self.n_max = self.size_m
 
     def draft(self, params: Sequence[DraftParams]) -> None:
