@@ -28,6 +28,9 @@ Worked example (``n_match = 2, n_min = 1, n_max = 4``): after ``begin`` on ``1 2
 4
 
 Memory: the table (16 MiB) plus three integers per sequence, whatever ``n_seq`` is.
+
+Token ids are never -1 in practice; if one were stored it would read as an empty entry (as upstream), and
+the vectorised ``used`` count would then differ slightly from a one-by-one count.
 """
 from __future__ import annotations
 
