@@ -802,6 +802,31 @@ class Sampler:
         """Sample from batch row ``idx`` of ``ctx``'s last decode and accept the token into the chain."""
         return int(C.llama_sampler_sample(self.ptr, ctx.ptr, idx))
 
+    _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+
+    def sample_no_accept(self, ctx: Context, idx: int) -> int:
+        """Sample from batch row ``idx`` **without** accepting the token into the chain (the random state of
+        ``dist`` still advances). For replay and synthetic acceptance, where the accepted token is another."""
+        logits = ctx.logits(idx)
+        n = logits.shape[0]
+        buf = getattr(self, "_cand", None)
+        if buf is None or buf.shape[0] != n:
+            buf = np.zeros(n, dtype=self._TOKEN_DATA)
+            buf["id"] = np.arange(n, dtype=np.int32)
+            self._cand = buf
+        else:
+            buf["id"] = np.arange(n, dtype=np.int32)
+        buf["logit"] = logits
+        buf["p"] = 0.0
+        arr = C.llama_token_data_array(
+            data=buf.ctypes.data_as(C.llama_token_data_p), size=n, selected=-1, sorted=False
+        )
+        C.llama_sampler_apply(self.ptr, ctypes.byref(arr))
+        if not 0 <= arr.selected < arr.size:
+            raise SamplerError("the sampler chain selected no token")
+        data = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_int32)), shape=(arr.size * 3,))
+        return int(data[arr.selected * 3])
+
     def accept(self, token: int) -> None:
         C.llama_sampler_accept(self.ptr, token)
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from . import _llama as L
 from .chain import Chain, build_chain
+from .drafters.base import Drafter
 from .errors import ContextOverflowError, LlamaSpecError, MemoryOpError, UsageError
 from .memory import Rollback, rollback_for
 from .params import SpecParams
@@ -71,7 +72,10 @@ class Engine:
         flash_attn: bool | None = None,
         kv_f32: bool = False,
         n_rs_seq: int | None = None,
+        drafters: "Sequence[Drafter] | None" = None,
     ):
+        """``drafters``: your own :class:`~llamaspec.drafters.base.Drafter` objects, in priority order, used
+        instead of the chain that ``spec`` describes (their ``n_seq`` must equal ``n_parallel``)."""
         if n_parallel < 1:
             raise UsageError(f"n_parallel must be >= 1, got {n_parallel}")
         if n_ctx < 8:
@@ -98,8 +102,10 @@ class Engine:
             if self.model.n_ctx_train > 0 and n_ctx > self.model.n_ctx_train:
                 log.info("n_ctx %d > n_ctx_train %d of %s: clamped", n_ctx, self.model.n_ctx_train, self.model.path.name)
                 n_ctx = self.model.n_ctx_train
-            speculating = not spec.types_are_default or spec.has_synth()
+            speculating = not spec.types_are_default or spec.has_synth() or bool(drafters)
             n_draft = spec.n_max_of_types() if speculating else 0
+            if drafters:
+                n_draft = max([n_draft] + [max(0, d.n_max) for d in drafters])
             n_out, n_out_seq = L.output_limits(n_batch, n_parallel, n_draft)
             common = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch or n_batch, n_seq_max=n_parallel,
                           n_threads=n_threads, flash_attn=flash_attn, kv_f32=kv_f32)
@@ -115,7 +121,12 @@ class Engine:
                 common["n_threads"] = n_threads_draft or n_threads
                 self.ctx_dft = self._own(L.Context(self.model_dft, L.ContextParams(
                     n_rs_seq=0, n_outputs_max=n_parallel, n_outputs_max_per_seq=1, **common)))
-            if speculating:
+            if speculating and drafters:
+                bad = [d for d in drafters if d.n_seq != n_parallel]
+                if bad:
+                    raise UsageError(f"drafter {bad[0].type} was built for n_seq={bad[0].n_seq}, the engine has {n_parallel} slots")
+                self.chain = Chain(list(drafters), n_parallel)
+            elif speculating:
                 self.chain = build_chain(spec, n_parallel, self.ctx, self.ctx_dft)
                 if self.chain is not None:
                     self._owned.append(self.chain)
@@ -490,16 +501,16 @@ class Engine:
         if self.synth_cond is not None:
             from .synth import synth_accept
 
-            return synth_accept(sample_row, vocab.is_eog, lambda tok, generated: None, draft, self.synth_cond,
-                                s.synth_rng, is_replay)
+            # synthetic acceptance: sample without accepting, then accept the token actually emitted (§8.2)
+            return synth_accept(lambda i: sampler.sample_no_accept(ctx, idx[i]), vocab.is_eog,
+                                lambda tok, generated: sampler.accept(tok), draft, self.synth_cond, s.synth_rng,
+                                is_replay)
         if is_replay:
             def advance_row(i: int, known: int) -> None:
-                if s.rng is not None:  # rejection mode: the decision was made; only the sampler history advances
-                    sampler.accept(known)
-                    return
-                got = sampler.sample(ctx, idx[i])
-                if got != known:
-                    log.debug("replay of slot %d row %d sampled %d, known %d (non-deterministic logits)", s.id, i, got, known)
+                # the decision was made in the first pass: advance the sampler as it did, keep the known token
+                if s.rng is None:
+                    sampler.sample_no_accept(ctx, idx[i])
+                sampler.accept(known)
 
             return V.replay(advance_row, self._final_sampler(s, idx), draft)
         if s.rng is not None and s.spec_probs is not None and len(s.spec_probs) == len(draft):
@@ -512,12 +523,11 @@ class Engine:
             return lambda i: s.sampler.sample(self.ctx, idx[i])
 
         def sample(i: int) -> int:
-            from .verify import probs_from_logits
+            from .verify import probs_from_logits, sample_from_probs
 
             sp = s.sampling
             p = probs_from_logits(self.ctx.logits(idx[i]), sp.temp, sp.top_k, sp.top_p, sp.min_p)
-            c = np.cumsum(p)
-            tok = int(min(np.searchsorted(c, s.rng.random() * c[-1], side="right"), len(p) - 1))
+            tok = sample_from_probs(p, s.rng.random())
             s.sampler.accept(tok)
             return tok
 

@@ -23,7 +23,7 @@ def test_generate_stdout_is_only_text(tiny_model, tmp_path):
     assert r.stdout and "generated" not in r.stdout  # stats went to stderr
     assert "generated" in r.stderr
     d = json.loads(stats.read_text())
-    assert d["n_predicted"] == 12 and d["finish_reason"] == "length"
+    assert d["n_predicted"] == 12 and d["finish_reasons"] == ["length"]
 
 
 def test_generate_is_deterministic_and_pipes(tiny_model):

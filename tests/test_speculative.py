@@ -1,0 +1,265 @@
+"""Speculative decoding through the engine on tiny models: every rollback level, every verification rule."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from llamaspec import _llama as L
+from llamaspec.drafters.base import DraftParams, Drafter
+from llamaspec.engine import Engine, SlotState
+from llamaspec.errors import ModelFormatError, UsageError, VocabMismatchError
+from llamaspec.params import SpecParams
+
+from helpers import EXACT
+
+PROMPTS = [[1, 5, 9, 13, 22, 7], [3, 4, 5], [9, 9, 9, 1], [40, 2, 17, 33, 8]]
+N = 48
+
+
+def spec(n_max: int) -> SpecParams:
+    p = SpecParams()
+    p.draft.n_max = n_max
+    return p
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model):
+    """Greedy plain outputs per (kind, prompt index), computed once."""
+    cache = {}
+
+    def get(kind: str, i: int = 0, sampling=None) -> list[int]:
+        key = (kind, i, None if sampling is None else (sampling.temp, sampling.seed))
+        if key not in cache:
+            with Engine(tiny_model(kind), n_ctx=256, **EXACT) as e:
+                cache[key] = e.generate(PROMPTS[i], n_predict=N, sampling=sampling).tokens
+        return cache[key]
+
+    return get
+
+
+CASES = [
+    # (target, draft, n_rs_seq, expected level, what must have happened)
+    ("llama", "llama-draft", None, "PART", "trims"),
+    ("mamba", "mamba-draft", None, "FULL", "restores"),
+    ("lfm2", "lfm2-draft", 2, "RS", "restores"),  # n_rs_seq smaller than the draft: checkpoint path
+    ("lfm2", "lfm2-draft", 8, "RS", "trims"),  # n_rs_seq covers the draft: bounded trim path
+]
+
+
+@pytest.mark.parametrize("n_max", [1, 3, 8])
+@pytest.mark.parametrize("tgt,dft,n_rs_seq,level,path", CASES)
+def test_greedy_equals_plain(tiny_model, plain, tgt, dft, n_rs_seq, level, path, n_max):
+    with Engine(tiny_model(tgt), draft=tiny_model(dft), spec=spec(n_max), n_ctx=256, n_rs_seq=n_rs_seq, **EXACT) as e:
+        assert e.tgt_level.name == level
+        r = e.generate(PROMPTS[0], n_predict=N)
+    assert r.tokens == plain(tgt)
+    st = r.stats
+    assert st.n_drafted > 0 and 0 < st.n_accepted < st.n_drafted  # partial acceptance really happened
+    if path == "restores" and n_max > (n_rs_seq or 0):
+        assert st.n_restores > 0 and st.n_replays == st.n_restores and st.n_checkpoints > 0
+    if path == "trims":
+        assert st.n_trims > 0 and st.n_restores == 0
+    if level == "RS" and n_rs_seq == 8:
+        assert st.n_checkpoints == 0
+
+
+@pytest.mark.parametrize("tgt,dft", [("llama", "llama-draft"), ("mamba", "mamba-draft"), ("lfm2", "lfm2-draft")])
+def test_four_slots_equal_plain(tiny_model, plain, tgt, dft):
+    with Engine(tiny_model(tgt), draft=tiny_model(dft), spec=spec(4), n_ctx=256, n_parallel=4, **EXACT) as e:
+        rs = e.generate_many(PROMPTS, n_predict=N)
+        assert all(e.ctx.memory.pos_max(i) == -1 and e.ctx_dft.memory.pos_max(i) == -1 for i in range(4))
+    assert [r.tokens for r in rs] == [plain(tgt, i) for i in range(4)]
+
+
+@pytest.mark.parametrize("tgt,dft", [("llama", "llama-draft"), ("mamba", "mamba-draft")])
+def test_sampled_match_equals_plain_sampled(tiny_model, plain, tgt, dft):
+    sp = L.SamplingParams(temp=0.8, seed=1234)
+    with Engine(tiny_model(tgt), draft=tiny_model(dft), spec=spec(3), n_ctx=256, **EXACT) as e:
+        r = e.generate(PROMPTS[0], n_predict=N, sampling=L.SamplingParams(temp=0.8, seed=1234))
+    assert r.tokens == plain(tgt, 0, sp)
+    assert r.stats.n_accepted > 0
+
+
+def test_draft_equals_target_accepts_everything(tiny_model):
+    with Engine(tiny_model("llama"), draft=tiny_model("llama"), spec=spec(4), n_ctx=256, **EXACT) as e:
+        r = e.generate(PROMPTS[0], n_predict=N)
+    assert r.stats.n_drafted > 0 and r.stats.n_accepted == r.stats.n_drafted
+    assert all(r.drafted_mask[1:]) is False or sum(r.drafted_mask) == r.stats.n_accepted
+
+
+def test_memory_invariant_every_round(tiny_model):
+    for tgt, dft, rs in [("llama", "llama-draft", None), ("mamba", "mamba-draft", None), ("lfm2", "lfm2-draft", 2)]:
+        with Engine(tiny_model(tgt), draft=tiny_model(dft), spec=spec(3), n_ctx=256, n_rs_seq=rs) as e:
+            slot = e.submit(PROMPTS[0], n_predict=40)
+            while slot.state is not SlotState.DONE:
+                e.step()
+                if slot.state is SlotState.GENERATING:
+                    assert e.ctx.memory.pos_max(0) == slot.n_past - 1
+                    assert e.ctx_dft.memory.pos_max(0) == slot.n_past - 1
+
+
+def test_abandoned_stream_and_exception(tiny_model, monkeypatch):
+    with Engine(tiny_model("mamba"), draft=tiny_model("mamba-draft"), spec=spec(3), n_ctx=256) as e:
+        it = e.stream(PROMPTS[0], n_predict=40)
+        for _ in range(4):
+            next(it)
+        it.close()
+        assert e.ctx.memory.pos_max(0) == -1 and e.ctx_dft.memory.pos_max(0) == -1
+        slot = e.submit(PROMPTS[1], n_predict=40)
+        e.step(), e.step()
+        real = L.Sampler.sample
+        calls = {"n": 0}
+
+        def flaky(self, ctx, idx):
+            calls["n"] += 1
+            if calls["n"] == 2:  # fail in the middle of a verification
+                raise RuntimeError("boom")
+            return real(self, ctx, idx)
+
+        monkeypatch.setattr(L.Sampler, "sample", flaky)
+        with pytest.raises(RuntimeError):
+            for _ in range(10):
+                e.step()
+        monkeypatch.setattr(L.Sampler, "sample", real)
+        assert e.ctx.memory.pos_max(0) == slot.n_past - 1
+        assert e.ctx_dft.memory.pos_max(0) == slot.n_past - 1
+        # and generation can continue from there
+        while slot.state is not SlotState.DONE:
+            e.step()
+
+
+class Scripted(Drafter):
+    """Fake drafter: at each call drafts ``n_good`` tokens of the known greedy continuation followed by
+    ``n_bad`` wrong ones, following a fixed plan."""
+
+    type = "scripted"
+
+    def __init__(self, truth: list[int], prompt_len: int, plan: list[tuple[int, int]], n_vocab: int):
+        super().__init__(1)
+        self.truth, self.prompt_len, self.plan, self.n_vocab = truth, prompt_len, list(plan), n_vocab
+        self.n_max = 16
+        self.calls = 0
+
+    def draft(self, params):
+        dp = params[0]
+        if not dp.drafting or self.calls >= len(self.plan):
+            return
+        n_good, n_bad = self.plan[self.calls]
+        self.calls += 1
+        k = len(dp.prompt) + 1 - self.prompt_len  # index in truth of the token after id_last
+        good = self.truth[k : k + n_good]
+        bad = [(t + 1) % self.n_vocab for t in self.truth[k + len(good) : k + len(good) + n_bad]]
+        dp.result.extend(good + bad)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mamba"])
+def test_statistics_equal_hand_count(tiny_model, plain, kind):
+    truth = plain(kind)
+    plan = [(3, 0), (1, 2), (0, 2), (2, 1), (4, 0), (0, 1)]
+    d = Scripted(truth, len(PROMPTS[0]), plan, 64)
+    with Engine(tiny_model(kind), drafters=[d], n_ctx=256, **EXACT) as e:
+        r = e.generate(PROMPTS[0], n_predict=N)
+        lines = e.stats_lines()
+    assert r.tokens == truth
+    st, ds = r.stats, d.stats
+    n_drafts = len(plan)
+    partial = sum(1 for g, b in plan if b > 0)
+    assert st.n_drafted == ds.n_gen_tokens == sum(g + b for g, b in plan) == 16
+    assert st.n_accepted == ds.n_acc_tokens == sum(g for g, b in plan) == 10
+    assert ds.n_gen_drafts == n_drafts and ds.n_call_accept == n_drafts  # a replay is not a new draft
+    assert ds.n_acc_drafts == sum(1 for g, b in plan if g > 0) == 4
+    assert ds.n_acc_tokens_per_pos == [4, 3, 2, 1]
+    assert st.n_verif_steps == n_drafts + (N - 1 - sum(g for g, _ in plan) - n_drafts) * 0 + 0 or st.n_verif_steps >= n_drafts
+    if kind == "mamba":  # FULL: every partially accepted draft was restored and replayed
+        assert st.n_restores == st.n_replays == partial
+    else:
+        assert st.n_restores == 0
+    assert lines[0].startswith("statistics         scripted: #calls(b,g,a) =    1 ")
+    assert "#gen drafts =      6, #acc drafts =     4, #gen tokens =     16, #acc tokens =    10" in lines[0]
+    assert "#mean acc len = 2.67, #acc rate/pos = (0.667, 0.500, 0.333, 0.167)" in lines[0]
+
+
+def test_rejection_sampling_matches_target_distribution(tiny_model):
+    """Joint distribution of the first two emitted tokens (the second one is verified by rejection sampling
+    against a deliberately different draft) equals the target's: chi-square over a fixed seed set."""
+    from llamaspec.verify import probs_from_logits
+
+    prompt = [1, 5, 9, 13]
+    sp = dict(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    with L.Model(tiny_model("llama")) as m, L.Context(m, n_ctx=64, **EXACT) as ctx:
+        ctx.decode_tokens(prompt, 0, 0)
+        p1 = probs_from_logits(ctx.logits(len(prompt) - 1).copy(), 1.0, 0, 1.0, 0.0)
+        p2 = np.zeros((64, 64))
+        for t in np.nonzero(p1 > 1e-4)[0]:
+            ctx.memory.seq_rm(0, len(prompt), -1)
+            ctx.decode([L.Row(int(t), len(prompt), 0, True)])
+            p2[t] = probs_from_logits(ctx.logits(0).copy(), 1.0, 0, 1.0, 0.0)
+    expected = p1[:, None] * p2
+    n = 3000
+    counts = np.zeros((64, 64))
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(2), verify="rejection", n_ctx=64,
+                **EXACT) as e:
+        drafted = 0
+        for seed in range(n):
+            # n_predict=3: after the first token one more may be drafted (n_draft_max = n_remaining - 1)
+            r = e.generate(prompt, n_predict=3, sampling=L.SamplingParams(seed=seed, **sp))
+            counts[r.tokens[0], r.tokens[1]] += 1
+            drafted += r.stats.n_drafted
+    assert drafted > n // 2  # the second token really went through rejection sampling
+    exp = expected.ravel() * n
+    obs = counts.ravel()
+    big = exp >= 5
+    chi2 = float((((obs[big] - exp[big]) ** 2) / exp[big]).sum())
+    rest_o, rest_e = obs[~big].sum(), exp[~big].sum()
+    if rest_e > 0:
+        chi2 += (rest_o - rest_e) ** 2 / rest_e
+    dof = int(big.sum()) + (1 if rest_e > 0 else 0) - 1
+    # p-value > 0.001 for a chi-square with dof degrees of freedom (Wilson-Hilferty approximation)
+    z = ((chi2 / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    assert z < 3.09, f"chi2={chi2:.1f} dof={dof}"
+
+
+def test_synthetic_acceptance_hits_target_length(tiny_model):
+    p = spec(4)
+    p.synth_len = 3.0
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=p, n_ctx=256) as e:
+        rs = e.generate_many([PROMPTS[0]] * 4, n_predict=120)
+    steps = sum(r.stats.n_verif_steps for r in rs)
+    acc = sum(r.stats.n_accepted for r in rs)
+    assert 2.5 < 1 + acc / steps < 3.5
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+def test_incompatible_vocab(tiny_model):
+    with pytest.raises(VocabMismatchError, match="text|size"):
+        Engine(tiny_model("llama"), draft=tiny_model("llama-incompat"), n_ctx=64)
+
+
+def test_negative_n_max():
+    p = SpecParams()
+    p.draft.n_max = -1
+    with pytest.raises(UsageError, match="n-max"):
+        Engine("unused.gguf", spec=p)
+
+
+def test_unknown_type():
+    with pytest.raises(UsageError, match="unknown speculative type: 'ngram-foo'.*valid types"):
+        SpecParams().add_types("ngram-foo")
+
+
+def test_draft_model_fails_to_load(tiny_model, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(tiny_model("llama").read_bytes()[:2000])
+    with pytest.raises(ModelFormatError):
+        Engine(tiny_model("llama"), draft=bad, n_ctx=64)
+
+
+def test_draft_simple_without_draft_model(tiny_model):
+    p = SpecParams()
+    p.add_types("draft-simple")
+    with pytest.raises(UsageError, match="draft model"):
+        Engine(tiny_model("llama"), spec=p, n_ctx=64)
