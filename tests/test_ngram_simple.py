@@ -93,3 +93,14 @@ def test_drafter_protocol():
     assert dps[1].probs is None
     d.accept(1, 2, False)
     assert d.stats.n_call_draft == 0  # the chain owns the stats
+
+
+@pytest.mark.parametrize("mod", ["_ngram_util", "ngram_simple", "ngram_map", "ngram_mod", "ngram_cache"])
+def test_docstring_examples(mod):
+    """The worked examples in the n-gram drafter modules' docstrings."""
+    import doctest
+    import importlib
+
+    m = importlib.import_module(f"llamaspec.drafters.{mod}")
+    res = doctest.testmod(m, optionflags=doctest.ELLIPSIS)
+    assert res.failed == 0 and res.attempted > 0

@@ -294,26 +294,28 @@ class NgramMap(Drafter):
     def _index(self, mp: MapState, arr: np.ndarray, a_lo: int, a_hi: int, b_lo: int, b_hi: int) -> None:
         """Insert-if-empty ``key_map[hash(window j)] = j`` for j over A descending, then B descending.
 
-        Sequential insert-if-empty equals: among all (slot, j) pairs in that order keep the first pair per
-        slot, then write it only where the slot is still empty.
+        Within one descending range the first insert into a slot is the one with the largest j, so a range
+        is done at once: per slot the largest candidate j (``np.maximum.at``), written where the slot is
+        still empty. A goes first, so B only fills what A left empty, as in the one-by-one loop.
         """
         n = self.size_n
-        hs, js = [], []
+        km = mp.key_map
         for lo, hi in ((a_lo, a_hi), (b_lo, b_hi)):
-            if hi >= lo:
-                hs.append(map_hash_range(arr, lo, hi, n)[::-1])
-                js.append(np.arange(hi, lo - 1, -1, dtype=np.uint32))
-        if not hs:
-            return
-        slots = (np.concatenate(hs) % np.uint32(KEY_MAP_SIZE)).astype(np.intp)
-        jj = np.concatenate(js)
-        if slots.size == 1:
-            if mp.key_map[slots[0]] == 0:
-                mp.key_map[slots[0]] = jj[0]
-            return
-        uniq, first = np.unique(slots, return_index=True)
-        empty = mp.key_map[uniq] == 0
-        mp.key_map[uniq[empty]] = jj[first[empty]]
+            if hi < lo:
+                continue
+            slots = (map_hash_range(arr, lo, hi, n) % np.uint32(KEY_MAP_SIZE)).astype(np.intp)
+            jj = np.arange(lo, hi + 1, dtype=np.uint32)
+            if slots.size <= 8:
+                for s_, j_ in zip(slots[::-1].tolist(), jj[::-1].tolist()):
+                    if km[s_] == 0:
+                        km[s_] = j_
+                continue
+            best = np.zeros(KEY_MAP_SIZE, dtype=np.uint32)  # j >= 1, so 0 = no candidate
+            np.maximum.at(best, slots, jj)
+            win = best[slots] == jj
+            s_win, j_win = slots[win], jj[win]
+            empty = km[s_win] == 0
+            km[s_win[empty]] = j_win[empty]
 
     def _find_key(self, keys: list[KeyRecord], arr: np.ndarray, key: np.ndarray) -> int:
         """Index of the first key record whose ``prompt[key_idx : key_idx+n]`` equals ``key``, or -1."""
