@@ -300,7 +300,9 @@ def test_fix_accept_feedback_probe_and_growth():
     assert draft(d, hist, 2) == [3, 4, 5, 6]
     d.accept(0, 1, False)  # partial -> shrinks as upstream
     assert draft(d, hist, 2) == [3]
-    assert NgramMapK(1, P2, fix_quirks=True).fix_accept_feedback
+    # experimental: not part of the fix_quirks bundle
+    d = NgramMapK4V(1, P2, fix_quirks=True)
+    assert not d.fix_accept_feedback and d.fix_stat_idx and d.fix_value_pos
 
 
 # ------------------------------------------------------------------------------------------ k4v tables

@@ -31,15 +31,19 @@ Feedback caps later drafts from the same key (QUIRK: 0 accepted means empty draf
 >>> dp = DraftParams(drafting=True, prompt=hist, id_last=2); d.draft([dp]); dp.result
 []
 
-Opt-in fixes (constructor keywords, all default False = llama.cpp; ``fix_quirks=True`` turns all on):
+Opt-in fixes (constructor keywords, all default False = llama.cpp; ``fix_quirks=True`` turns on the two
+k4v fixes, so it changes nothing for map-k):
 
-* ``fix_accept_feedback`` (k and k4v): a value whose ``n_accepted`` fell to 0 drafts a 1-token probe instead
-  of nothing, and a fully accepted draft doubles the value's budget (up to m) instead of freezing it, so a
-  key recovers once its continuation is predictable again.
 * ``fix_stat_idx`` (k4v): statistics resume after the last counted occurrence (``stat_idx = match_pos + 1``)
   instead of counting the occurrence at ``match_pos`` again on the next draft.
 * ``fix_value_pos`` (k4v): the draft is the dominant value's own continuation
-  (``prompt[value_idx : value_idx+cnt]``) instead of whatever followed the latest occurrence.
+  (``prompt[value_idx : value_idx+cnt]``) instead of whatever followed the matched occurrence.
+* ``fix_accept_feedback`` (k and k4v; experimental, **not** part of ``fix_quirks``): a value whose
+  ``n_accepted`` fell to 0 drafts a 1-token probe instead of nothing, and a fully accepted draft doubles the
+  value's budget (up to m) instead of freezing it. In the model-free simulation of
+  ``scripts/bench_ngram.py --simulate`` it never gained a token: a key's match position (its ``key_map``
+  slot) never moves, so a continuation that failed once tends to fail again and the probes only cost
+  verification rows (and block lower-priority drafters for that round).
 
 Interpretation note: in ``begin``'s history-shrink cleanup, the value-slot compaction and the "delete the key
 when slot 0 is unused" rule apply to map-k4v only (map-k never fills value slots, so applying the second rule
@@ -157,7 +161,7 @@ class NgramMap(Drafter):
         params: NgramMapParams,
         *,
         fix_quirks: bool = False,
-        fix_accept_feedback: bool | None = None,
+        fix_accept_feedback: bool = False,
         fix_stat_idx: bool | None = None,
         fix_value_pos: bool | None = None,
     ):
@@ -168,7 +172,7 @@ class NgramMap(Drafter):
         self.min_hits = int(params.min_hits)
         self.n_max = self.size_m
         pick = lambda v: bool(fix_quirks) if v is None else bool(v)  # noqa: E731
-        self.fix_accept_feedback = pick(fix_accept_feedback)
+        self.fix_accept_feedback = bool(fix_accept_feedback)
         self.fix_stat_idx = pick(fix_stat_idx)
         self.fix_value_pos = pick(fix_value_pos)
         self.maps = [MapState() for _ in range(n_seq)]
