@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from llamaspec.drafters.base import DraftParams
 from llamaspec.drafters.ngram_mod import EMPTY, TABLE_SIZE, NgramMod, mod_index, mod_index_windows

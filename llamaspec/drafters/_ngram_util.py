@@ -72,8 +72,3 @@ def last_match(arr: np.ndarray, pattern: np.ndarray, lo: int, hi: int) -> int:
         chunk *= 4
     return -1
 
-
-def first_occurrence(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique values of ``idx`` and the position of the first occurrence of each."""
-    uniq, first = np.unique(idx, return_index=True)
-    return uniq, first
