@@ -1,11 +1,32 @@
 """llamaspec: speculative decoding for llama.cpp, orchestrated in Python."""
 from __future__ import annotations
 
+import logging as _logging
+
 __version__ = "0.1.0"
 
-from .errors import LlamaSpecError  # noqa: F401
-
-import logging as _logging
+from .errors import LlamaSpecError  # noqa: F401,E402
 
 # the library never prints: without a configured handler, its log (llama.cpp's included) goes nowhere
 _logging.getLogger("llamaspec").addHandler(_logging.NullHandler())
+
+_LAZY = {
+    "Engine": ("llamaspec.engine", "Engine"),
+    "GenerationResult": ("llamaspec.slot", "GenerationResult"),
+    "SamplingParams": ("llamaspec._llama", "SamplingParams"),
+    "SpecParams": ("llamaspec.params", "SpecParams"),
+    "Model": ("llamaspec._llama", "Model"),
+}
+
+
+def __getattr__(name: str):
+    """Heavy names (they load llama.cpp) are imported on first use."""
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(mod), attr)
+    raise AttributeError(f"module 'llamaspec' has no attribute {name!r}")
+
+
+__all__ = ["Engine", "GenerationResult", "LlamaSpecError", "Model", "SamplingParams", "SpecParams", "__version__"]
