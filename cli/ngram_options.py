@@ -23,6 +23,8 @@ for _k in _KINDS:
 OPTIONS += [
     click.option("-lcs", "--lookup-cache-static", type=str, default=None, help="ngram-cache: static cache file (read)."),
     click.option("-lcd", "--lookup-cache-dynamic", type=str, default=None, help="ngram-cache: dynamic cache file (read)."),
+    click.option("--spec-ngram-fix-quirks", is_flag=True,
+                 help="Fix the n-gram drafters' llama.cpp quirks (more acceptance; default: behave like llama.cpp)."),
 ]
 
 
@@ -60,6 +62,7 @@ def apply_ngram_options(p, kw: dict) -> None:
             if v < 1:
                 raise UsageError(f"--spec-ngram-{k}-min-hits: ngram min hits must be at least 1, got {v}")
             target.min_hits = v
+    p.ngram_fix_quirks = bool(kw.get("spec_ngram_fix_quirks"))
     if kw.get("lookup_cache_static"):
         p.ngram_cache.lookup_cache_static = kw["lookup_cache_static"]
     if kw.get("lookup_cache_dynamic"):

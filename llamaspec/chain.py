@@ -138,31 +138,31 @@ Factory = Callable[[SpecParams, int, "L.Context", "L.Context | None"], Drafter]
 def _ngram_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
     from .drafters.ngram_simple import NgramSimple
 
-    return NgramSimple(n_seq, p.ngram_simple)
+    return NgramSimple(n_seq, p.ngram_simple, fix_quirks=p.ngram_fix_quirks)
 
 
 def _ngram_map_k(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
     from .drafters.ngram_map import NgramMapK
 
-    return NgramMapK(n_seq, p.ngram_map_k)
+    return NgramMapK(n_seq, p.ngram_map_k, fix_quirks=p.ngram_fix_quirks)
 
 
 def _ngram_map_k4v(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
     from .drafters.ngram_map import NgramMapK4V
 
-    return NgramMapK4V(n_seq, p.ngram_map_k4v)
+    return NgramMapK4V(n_seq, p.ngram_map_k4v, fix_quirks=p.ngram_fix_quirks)
 
 
 def _ngram_mod(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
     from .drafters.ngram_mod import NgramMod
 
-    return NgramMod(n_seq, p.ngram_mod)
+    return NgramMod(n_seq, p.ngram_mod, fix_quirks=p.ngram_fix_quirks)
 
 
 def _ngram_cache(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
     from .drafters.ngram_cache import NgramCache
 
-    return NgramCache(n_seq, p.ngram_cache)
+    return NgramCache(n_seq, p.ngram_cache, fix_quirks=p.ngram_fix_quirks)
 
 
 def _draft_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:

@@ -129,6 +129,8 @@ class SpecParams:
     ngram_cache: NgramCacheParams = field(default_factory=NgramCacheParams)
     synth_len: float = -1.0
     synth_rates: list[float] = field(default_factory=list)
+    #: opt-in fixes of the n-gram QUIRKs of spec §4.7-§4.11 (default False: behave exactly like llama.cpp)
+    ngram_fix_quirks: bool = False
 
     def add_types(self, names: str | list[str]) -> None:
         """``--spec-type LIST`` appends to the list (whose default is ``['none']``)."""
