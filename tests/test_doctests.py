@@ -1,0 +1,24 @@
+"""Run the worked examples in the docstrings of the pure modules."""
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "llamaspec.text",
+    "llamaspec.vocab",
+    "llamaspec.params",
+    "llamaspec.stats",
+    "llamaspec.probe",
+    "llamaspec._llama",
+    "llamaspec.drafters.draft_model",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name):
+    mod = importlib.import_module(name)
+    res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert res.failed == 0
