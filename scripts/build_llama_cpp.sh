@@ -264,9 +264,9 @@ if [[ "$want_tools" == ON ]]; then
     tool_targets=(llama-server llama-speculative-simple llama-cli llama-bench)
     [[ "$rpc" == ON ]] && tool_targets+=(ggml-rpc-server)
 fi
-say "building ${lib_targets[*]} ${tool_targets[*]+"${tool_targets[*]}"} with $jobs job(s)"
-cmake --build "$builddir" --config Release --parallel "$jobs" \
-    --target "${lib_targets[@]}" "${tool_targets[@]+"${tool_targets[@]}"}" >&2 \
+all_targets=("${lib_targets[@]}" "${tool_targets[@]+"${tool_targets[@]}"}")
+say "building ${all_targets[*]} with $jobs job(s)"
+cmake --build "$builddir" --config Release --parallel "$jobs" --target "${all_targets[@]}" >&2 \
     || die "build failed (see the output above)"
 
 # ---------------------------------------------------------------------------------------------------

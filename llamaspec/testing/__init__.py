@@ -1,6 +1,15 @@
 """Test support: deterministic tiny random-weight GGUF models (see :mod:`llamaspec.testing.tiny_models`)."""
 from __future__ import annotations
 
-from .tiny_models import KINDS, make_all, write_model
+from typing import Any
 
 __all__ = ["KINDS", "make_all", "write_model"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that ``python -m llamaspec.testing.tiny_models`` does not import the module twice.
+    if name in __all__:
+        from . import tiny_models
+
+        return getattr(tiny_models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

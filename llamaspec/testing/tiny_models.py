@@ -12,7 +12,9 @@ kind               arch      what it is for
                              right on some, not all, greedy tokens
 ``llama-incompat`` llama     vocabulary incompatible with ``llama`` (token texts differ from id 5
                              on, and 200 tokens instead of 64, a difference > 128)
-``gemma3``         gemma3    PART with an iSWA cache (``sliding_window`` = 16)
+``gemma3``         gemma3    PART with an iSWA cache (``sliding_window`` = 16); untied output head
+                             (with a tied one gemma's sqrt(n_embd) embedding scale makes it repeat
+                             its input token forever)
 ``mamba``          mamba     FULL (pure recurrent; ``n_rs_seq`` is clamped to 0)
 ``mamba-draft``    mamba     perturbed copy of ``mamba``
 ``lfm2``           lfm2      hybrid (shortconv + attention): FULL with ``n_rs_seq = 0``, RS with
