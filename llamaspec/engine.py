@@ -230,14 +230,21 @@ class Engine:
             from .synth import Mt19937Uniform
 
             slot.synth_rng = Mt19937Uniform(sampling.seed)
-        if self.verify == "rejection" and not sampling.greedy:
+        # rejection sampling computes the target distribution in numpy from the logits; a grammar or
+        # repetition penalties live inside llama.cpp's sampler chain, so those requests verify by
+        # sample-and-match instead (still exact in distribution for greedy drafts)
+        rejection = (self.verify == "rejection" and not sampling.greedy and not sampling.grammar
+                     and sampling.repeat_penalty == 1.0 and not sampling.frequency_penalty and not sampling.presence_penalty)
+        if self.verify == "rejection" and not rejection and not sampling.greedy:
+            log.info("slot %d: grammar or penalties set, verifying by sample-and-match", slot.id)
+        if rejection:
             seed = None if sampling.seed == L.DEFAULT_SEED else sampling.seed
             slot.rng = np.random.Generator(np.random.MT19937(seed))
         if self.chain is not None:
             for d in self.chain.impls:
                 cfg = getattr(d, "configure_sampling", None)
                 if cfg is not None:
-                    cfg(slot.seq_id, sampling.temp if self.verify == "rejection" else 0.0, sampling.seed)
+                    cfg(slot.seq_id, sampling.temp if rejection else 0.0, sampling.seed)
         return slot
 
     def cancel(self, slot: Slot) -> None:

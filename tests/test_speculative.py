@@ -263,3 +263,28 @@ def test_draft_simple_without_draft_model(tiny_model):
     p.add_types("draft-simple")
     with pytest.raises(UsageError, match="draft model"):
         Engine(tiny_model("llama"), spec=p, n_ctx=64)
+
+
+def test_no_memory_turns_speculation_off(tiny_model, monkeypatch, caplog):
+    import logging
+
+    import llamaspec.engine as E
+    from llamaspec.probe import Level
+
+    monkeypatch.setattr(E, "can_seq_rm", lambda ctx: Level.NO)
+    with caplog.at_level(logging.WARNING, logger="llamaspec"):
+        with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), n_ctx=64) as e:
+            assert not e.speculative and e.ctx_dft is None
+            r = e.generate(PROMPTS[0], n_predict=8)
+    assert len(r.tokens) == 8 and r.stats.n_drafted == 0
+    assert sum("speculative decoding is off" in m for m in caplog.messages) == 1
+
+
+def test_rejection_with_grammar_falls_back_to_match(tiny_model):
+    sp = L.SamplingParams(temp=0.8, seed=3, repeat_penalty=1.1)
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(3), verify="rejection", n_ctx=256,
+                **EXACT) as e:
+        a = e.generate(PROMPTS[0], n_predict=24, sampling=sp).tokens
+    with Engine(tiny_model("llama"), n_ctx=256, **EXACT) as e:
+        b = e.generate(PROMPTS[0], n_predict=24, sampling=L.SamplingParams(temp=0.8, seed=3, repeat_penalty=1.1)).tokens
+    assert a == b  # sample-and-match with the same seed equals plain sampling
