@@ -144,6 +144,25 @@ def system_info() -> str:
     return C.llama_print_system_info().decode("utf-8", errors="replace")
 
 
+class _Owned:
+    """Owning wrapper: ``close()`` frees the native object; context manager; ``__del__`` as a last resort."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 # ---------------------------------------------------------------------------------------------------
 # Vocab
 # ---------------------------------------------------------------------------------------------------
@@ -234,7 +253,7 @@ def _check_gguf_magic(path: Path) -> None:
         )
 
 
-class Model:
+class Model(_Owned):
     """A loaded GGUF model. Use as a context manager or call :meth:`close`."""
 
     def __init__(
@@ -365,17 +384,6 @@ class Model:
             self.ptr = None
             C.llama_model_free(ptr)
 
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # pragma: no cover - best effort
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return f"Model({self.path.name!r}, arch={self.arch}, n_layer={self.n_layer}, n_embd={self.n_embd})"
@@ -432,7 +440,7 @@ GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
 
 
-class Context:
+class Context(_Owned):
     """A llama.cpp context with decode through ``llama_batch_ext`` + ``llama_process``.
 
     ``decode(rows)`` validates the batch (capacity, output-row limit of spec §5.2, sequence ids) before
@@ -651,17 +659,6 @@ class Context:
             self.ptr = None
             C.llama_free(ptr)
 
-    def __enter__(self) -> "Context":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class Memory:
@@ -752,7 +749,7 @@ class SamplingParams:
             raise UsageError("temperature must be a number")
 
 
-class Sampler:
+class Sampler(_Owned):
     """An owning llama.cpp sampler chain built from :class:`SamplingParams`.
 
     Chain order follows llama.cpp's common sampler: [grammar] -> penalties -> top-k -> top-p -> min-p ->
@@ -850,17 +847,6 @@ class Sampler:
             self.ptr = None
             C.llama_sampler_free(ptr)
 
-    def __enter__(self) -> "Sampler":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -578,8 +578,7 @@ class Engine:
         if finished:
             text += slot.stream.flush()
             slot.state = SlotState.DONE
-            n_prompt = slot.n_prompt
-            slot.prompt_tokens = slot.prompt[:n_prompt]
+            slot.prompt_tokens = slot.prompt[: slot.n_prompt]
             self._release(slot)
         return Chunk(slot, emitted, text, finished, min(n_from_draft, len(emitted)))
 
@@ -631,7 +630,7 @@ class Engine:
         if slot is None:  # pragma: no cover - stream always yields at least once
             raise LlamaSpecError("generation produced no output")
         return GenerationResult(tokens, text, slot.finish_reason or FinishReason.STOP, slot.stats,
-                                getattr(slot, "prompt_tokens", []), mask)
+                                slot.prompt_tokens, mask)
 
     def generate_many(
         self,
@@ -665,7 +664,7 @@ class Engine:
                     if ch.finished:
                         s = ch.slot
                         results[i] = GenerationResult(toks, "".join(texts), s.finish_reason, s.stats,
-                                                      getattr(s, "prompt_tokens", []), mask)
+                                                      s.prompt_tokens, mask)
                         del running[ch.slot.id]
         finally:
             for sid in list(running):

@@ -140,6 +140,7 @@ class Slot:
     def reset(self) -> None:
         self.prompt: list[int] = []  # tokens in the target memory, in order (prompt + committed output)
         self.n_prompt = 0
+        self.prompt_tokens: list[int] = []  # the prompt, kept after the slot's memory is released
         self.sampled: int | None = None  # last token sampled by the target, not yet decoded
         self.generated: list[int] = []
         self.n_predict = -1
