@@ -31,8 +31,10 @@ def setup_logging(verbose: int, debug: bool) -> None:
     root.handlers[:] = [RichHandler(console=err_console, show_path=False, show_time=False, markup=False)]
     root.setLevel(level)
     root.propagate = False
-    # llama.cpp's own log lines are very chatty: show them only with -vv
-    logging.getLogger("llamaspec.llama_cpp").setLevel(logging.DEBUG if verbose >= 2 else logging.ERROR)
+    # llama.cpp's own log lines are very chatty, and its errors reach the user as our one-line errors:
+    # show them with -v (warnings) and -vv (everything)
+    native = {0: logging.CRITICAL + 1, 1: logging.WARNING}.get(verbose, logging.DEBUG)
+    logging.getLogger("llamaspec.llama_cpp").setLevel(logging.DEBUG if debug else native)
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -70,6 +72,19 @@ def handle_errors(fn: Callable) -> Callable:
             fail(f"{e.strerror or e}: {e.filename}" if getattr(e, "filename", None) else str(e), 1)
 
     return wrapper
+
+
+def check_output_path(path: str | None, flag: str) -> None:
+    """Fail before any work when an output file cannot be written (its folder is missing)."""
+    if not path:
+        return
+    from pathlib import Path
+
+    from llamaspec.errors import UsageError
+
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag}: folder {parent} does not exist; create it or choose another path")
 
 
 def resolve_model_arg(name: str | None, cache_dir: str | None = None) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ._common import err_console, handle_errors, resolve_model_arg
+from ._common import check_output_path, err_console, handle_errors, resolve_model_arg
 from .spec_options import build_spec_params, spec_options
 
 
@@ -94,6 +94,7 @@ def generate(prompt, prompt_file, prompts_file, model, n_predict, ctx_size, batc
     from llamaspec.engine import Engine
     from llamaspec.errors import UsageError
 
+    check_output_path(stats_json, "--stats-json")
     if prompts_file is not None and (prompt is not None or prompt_file is not None):
         raise UsageError("give either a prompt (argument / --file) or --prompts-file, not both")
     prompts = _read_prompts_file(prompts_file) if prompts_file else [_read_prompt(prompt, prompt_file)]

@@ -46,6 +46,7 @@ log = logging.getLogger("llamaspec")
 
 DEFAULT_N_CTX = 4096
 VERIFY_MODES = ("match", "rejection")
+DRAFT_HEAD_ARCHS = ("eagle3", "dflash")
 
 
 class Engine:
@@ -99,6 +100,9 @@ class Engine:
         self.synth_cond: list[float] | None = None
         try:
             self.model = self._own_model(target)
+            if self.model.arch in DRAFT_HEAD_ARCHS:
+                raise UsageError(f"{self.model.path.name} is a {self.model.arch} draft head, not a standalone model: "
+                                 "use it as a draft for its target model")
             if self.model.n_ctx_train > 0 and n_ctx > self.model.n_ctx_train:
                 log.info("n_ctx %d > n_ctx_train %d of %s: clamped", n_ctx, self.model.n_ctx_train, self.model.path.name)
                 n_ctx = self.model.n_ctx_train
@@ -118,6 +122,10 @@ class Engine:
                 speculating = False
             if speculating and draft is not None:
                 self.model_dft = self._own_model(draft)
+                if self.model_dft.arch in DRAFT_HEAD_ARCHS:
+                    raise UsageError(f"draft {self.model_dft.path.name} is a {self.model_dft.arch} head; its drafter "
+                                     f"(draft-{self.model_dft.arch}) is not implemented yet in llamaspec: use a small "
+                                     "standalone model of the target's family as the draft")
                 common["n_threads"] = n_threads_draft or n_threads
                 self.ctx_dft = self._own(L.Context(self.model_dft, L.ContextParams(
                     n_rs_seq=0, n_outputs_max=n_parallel, n_outputs_max_per_seq=1, **common)))

@@ -116,3 +116,18 @@ def test_chat_and_grammar(tmp_path):
             "-n", "8", "--temp", "0")
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() in ("yes", "no")
+
+
+def test_unwritable_stats_json_fails_before_work(tiny_model):
+    r = run("generate", "x", "-m", str(tiny_model("llama")), "--stats-json", "/no/such/dir/s.json")
+    assert r.exit_code == 2 and "does not exist" in r.stderr and r.stdout == ""
+
+
+@pytest.mark.parametrize("role", ["-m", "-md"])
+def test_draft_heads_are_refused_clearly(tiny_model, role):
+    args = ["generate", "x", "-n", "3", role, str(tiny_model("eagle3"))]
+    if role == "-md":
+        args += ["-m", str(tiny_model("llama"))]
+    r = run(*args)
+    assert r.exit_code == 2 and "eagle3" in r.stderr and "Traceback" not in r.output
+    assert len(r.stderr.strip().splitlines()) <= 2
