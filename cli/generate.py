@@ -59,6 +59,7 @@ def _read_prompts_file(path: str) -> list[str]:
 @click.option("-f", "--file", "prompt_file", type=str, help="Read the prompt from a file ('-' = stdin).")
 @click.option("--prompts-file", type=str, help="Several prompts (one per line, or JSONL with \"prompt\"), run --n-parallel at a time.")
 @click.option("-m", "--model", help="Target model: a name from models.toml or a path to a GGUF file (default: models.toml's default).")
+@click.option("--pair", default=None, help="A target+draft pair from models.toml (e.g. gemma3-270m) instead of -m and -md.")
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=256, show_default=True,
               help="Tokens to generate (-1 = until end of generation or a full context).")
 @click.option("-c", "--ctx-size", type=click.IntRange(min=16), default=4096, show_default=True, help="Context size (clamped to the model's).")
@@ -82,7 +83,7 @@ def _read_prompts_file(path: str) -> list[str]:
 @click.option("--color/--no-color", "color", default=None, help="Colour drafted-and-accepted tokens (default: when stdout is a terminal).")
 @click.option("-q", "--quiet", is_flag=True, help="No statistics on stderr.")
 @handle_errors
-def generate(prompt, prompt_file, prompts_file, model, n_predict, ctx_size, batch_size, n_parallel, threads, temp, top_k,
+def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size, batch_size, n_parallel, threads, temp, top_k,
              top_p, min_p, repeat_penalty, repeat_last_n, seed, grammar_file, stop, chat, system_prompt, cache_dir,
              stats_json, color, quiet, **spec_kw):
     """Generate text from PROMPT (argument, --file or stdin). Only the generated text goes to stdout.
@@ -111,6 +112,13 @@ def generate(prompt, prompt_file, prompts_file, model, n_predict, ctx_size, batc
         repeat_last_n=repeat_last_n, seed=L.DEFAULT_SEED if seed == -1 else seed, grammar=grammar,
     )
     sampling.validate()
+    if pair is not None:
+        if model or spec_kw.get("draft_model"):
+            raise UsageError("--pair names both models: drop -m / -md, or drop --pair")
+        from llamaspec.models import load_registry
+
+        p = load_registry().pair(pair)
+        model, spec_kw["draft_model"] = p.target, p.draft
     spec, draft_name, verify = build_spec_params(**spec_kw)
     path = resolve_model_arg(model, cache_dir)
     dpath = resolve_model_arg(draft_name, cache_dir) if draft_name else None
@@ -195,7 +203,7 @@ def _print_stats(eng, stats: dict) -> None:
     if not eng.chain:
         return
     t = Table(title="speculative decoding", title_justify="left")
-    for c in ("drafted", "accepted", "acceptance", "mean accepted len", "verify steps", "target", "draft", "restores"):
+    for c in ("drafted", "accepted", "rate", "mean len", "steps", "target", "draft", "restores"):
         t.add_column(c, justify="right")
     t.add_row(str(stats["n_drafted"]), str(stats["n_accepted"]), f"{stats['acceptance_rate']:.3f}",
               f"{stats['mean_accepted_length']:.2f}", str(stats["n_verif_steps"]), stats["target_level"],

@@ -131,3 +131,13 @@ def test_draft_heads_are_refused_clearly(tiny_model, role):
     r = run(*args)
     assert r.exit_code == 2 and "eagle3" in r.stderr and "Traceback" not in r.output
     assert len(r.stderr.strip().splitlines()) <= 2
+
+
+def test_pair_conflicts_with_model():
+    r = run("generate", "x", "--pair", "gemma3-270m", "-m", "foo.gguf")
+    assert r.exit_code == 2 and "--pair" in r.stderr
+
+
+def test_unknown_pair():
+    r = run("generate", "x", "--pair", "no-such-pair")
+    assert r.exit_code == 2 and "unknown pair" in r.stderr
