@@ -65,9 +65,11 @@ def test_greedy_equals_plain(tiny_model, plain, tgt, dft, n_rs_seq, level, path,
         assert st.n_checkpoints == 0
 
 
-@pytest.mark.parametrize("tgt,dft", [("llama", "llama-draft"), ("mamba", "mamba-draft"), ("lfm2", "lfm2-draft")])
-def test_four_slots_equal_plain(tiny_model, plain, tgt, dft):
-    with Engine(tiny_model(tgt), draft=tiny_model(dft), spec=spec(4), n_ctx=256, n_parallel=4, **EXACT) as e:
+@pytest.mark.parametrize("tgt,dft,n_rs_seq", [("llama", "llama-draft", None), ("mamba", "mamba-draft", None),
+                                              ("lfm2", "lfm2-draft", None), ("lfm2", "lfm2-draft", 2), ("lfm2", "lfm2-draft", 8)])
+def test_four_slots_equal_plain(tiny_model, plain, tgt, dft, n_rs_seq):
+    with Engine(tiny_model(tgt), draft=tiny_model(dft), spec=spec(4), n_ctx=256, n_parallel=4, n_rs_seq=n_rs_seq,
+                **EXACT) as e:
         rs = e.generate_many(PROMPTS, n_predict=N)
         assert all(e.ctx.memory.pos_max(i) == -1 and e.ctx_dft.memory.pos_max(i) == -1 for i in range(4))
     assert [r.tokens for r in rs] == [plain(tgt, i) for i in range(4)]
