@@ -30,7 +30,6 @@ def setup_logging(verbose: int, debug: bool) -> None:
     root = logging.getLogger("llamaspec")
     root.handlers[:] = [RichHandler(console=err_console, show_path=False, show_time=False, markup=False)]
     root.setLevel(level)
-    root.propagate = False
     # llama.cpp's own log lines are very chatty, and its errors reach the user as our one-line errors:
     # show them with -v (warnings) and -vv (everything)
     native = {0: logging.CRITICAL + 1, 1: logging.WARNING}.get(verbose, logging.DEBUG)
