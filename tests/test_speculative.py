@@ -274,15 +274,10 @@ def test_no_memory_turns_speculation_off(tiny_model, monkeypatch, caplog):
     from llamaspec.probe import Level
 
     monkeypatch.setattr(E, "can_seq_rm", lambda ctx: Level.NO)
-    lg = logging.getLogger("llamaspec")
-    lg.addHandler(caplog.handler)  # the CLI tests may have turned propagation off
-    try:
-        with caplog.at_level(logging.WARNING, logger="llamaspec"):
-            with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), n_ctx=64) as e:
-                assert not e.speculative and e.ctx_dft is None
-                r = e.generate(PROMPTS[0], n_predict=8)
-    finally:
-        lg.removeHandler(caplog.handler)
+    with caplog.at_level(logging.WARNING, logger="llamaspec"):
+        with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), n_ctx=64) as e:
+            assert not e.speculative and e.ctx_dft is None
+            r = e.generate(PROMPTS[0], n_predict=8)
     assert len(r.tokens) == 8 and r.stats.n_drafted == 0
     assert sum("speculative decoding is off" in m for m in caplog.messages) == 1
 
