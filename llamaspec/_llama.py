@@ -184,6 +184,13 @@ class Vocab:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog_cache: dict[int, bool] = {}
 
+    @property
+    def suppress_tokens(self) -> list[int]:
+        """Model-specific tokens a sampler must never pick (``tokenizer.ggml.suppress_tokens``)."""
+        n = ctypes.c_int32(0)
+        p = C.llama_vocab_get_suppress_tokens(self.ptr, ctypes.byref(n))
+        return [int(p[i]) for i in range(n.value)] if p and n.value > 0 else []
+
     def is_eog(self, token: int) -> bool:
         r = self._eog_cache.get(token)
         if r is None:

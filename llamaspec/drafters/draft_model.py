@@ -31,12 +31,18 @@ DRAFT_TOP_K = 10
 SEED_MIX = 0x85EBCA6B
 
 
-def top_candidate(logits: np.ndarray, need_p: bool) -> tuple[int, float]:
-    """Best token and its probability under softmax of the 10 best logits (temperature 1).
+def top_candidate(logits: np.ndarray, need_p: bool, suppress: np.ndarray | None = None) -> tuple[int, float]:
+    """Best token and its probability under softmax of the 10 best logits (temperature 1); ``suppress``
+    tokens (the vocabulary's suppress list, a -inf logit bias in llama.cpp) are never picked.
 
     >>> top_candidate(np.array([0.0, 2.0, 1.0], dtype=np.float32), True)
     (1, 0.66524...)
+    >>> top_candidate(np.array([0.0, 2.0, 1.0], dtype=np.float32), False, np.array([1]))
+    (2, 1.0)
     """
+    if suppress is not None and suppress.size:
+        logits = logits.copy()
+        logits[suppress] = -np.inf
     tok = int(np.argmax(logits))
     if not need_p:
         return tok, 1.0
@@ -74,6 +80,8 @@ class DraftSimple(Drafter):
         self.ctx_dft = ctx_dft
         self.n_max = params.n_max
         self._sample: list[_SampleCfg | None] = [None] * n_seq
+        sup = ctx_dft.model.vocab.suppress_tokens
+        self._suppress = np.array(sup, dtype=np.int64) if sup else None
 
     # -- sampling mode (rejection-sampling verification) ------------------------------------------
     def configure_sampling(self, seq_id: int, temp: float, seed: int) -> None:
@@ -92,7 +100,10 @@ class DraftSimple(Drafter):
     def _pick(self, seq_id: int, logits: np.ndarray, dp: DraftParams) -> tuple[int, float]:
         cfg = self._sample[seq_id]
         if cfg is None:
-            return top_candidate(logits, self.params.p_min > 0.0)
+            return top_candidate(logits, self.params.p_min > 0.0, self._suppress)
+        if self._suppress is not None:
+            logits = logits.copy()
+            logits[self._suppress] = -np.inf
         k = min(DRAFT_TOP_K, logits.shape[0])
         idx = np.argpartition(logits, logits.shape[0] - k)[-k:]
         z = logits[idx].astype(np.float64) / cfg.temp
