@@ -19,10 +19,12 @@ def main(verbose: int, debug: bool) -> None:
 
 
 def _register() -> None:
+    from .bench import bench
     from .generate import generate
     from .ngram_cache import ngram_cache
     from .probe import probe
 
+    main.add_command(bench)
     main.add_command(generate)
     main.add_command(probe)
     main.add_command(ngram_cache)

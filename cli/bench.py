@@ -1,0 +1,201 @@
+"""``llamaspec bench``: llamaspec, native llama.cpp and llama-cpp-python side by side, in one run."""
+from __future__ import annotations
+
+import shlex
+import sys
+import tempfile
+
+import click
+
+from ._common import check_output_path, err_console, handle_errors, resolve_model_arg
+
+DEFAULT_MODES = "plain,draft-simple,ngram-mod,ngram-simple,ngram-map-k,lookup"
+DEFAULT_ENGINES = "llamaspec,native,llama-cpp-python"
+QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
+
+
+@click.command()
+@click.option("--quick", is_flag=True,
+              help=f"Smoke test: tiny random models (written to a temporary folder), {QUICK_PROMPTS} short prompts, "
+                   f"-n {QUICK_N}, 1 repeat; native engines are skipped when not built.")
+@click.option("--pair", default=None, help="Target+draft pair from models.toml (default: the registry's default pair).")
+@click.option("-m", "--model", default=None, help="Target model (name or GGUF path) instead of --pair.")
+@click.option("-md", "--draft-model", "draft_model", default=None, help="Draft model (name or GGUF path), with -m.")
+@click.option("--modes", default=DEFAULT_MODES, show_default=True,
+              help="Comma list: plain, draft-simple, ngram-mod, ngram-simple, ngram-map-k, ngram-map-k4v, "
+                   "A+B (a chain), synth:L (draft-simple with synthetic mean length L), lookup[:N] "
+                   "(llama-cpp-python prompt lookup, num_pred_tokens N).")
+@click.option("--engines", default=DEFAULT_ENGINES, show_default=True,
+              help="Comma list: llamaspec, native (llama-speculative-simple for draft-simple, llama-server otherwise), "
+                   "native-server (llama-server for every mode), llama-cpp-python.")
+@click.option("--prompts", "prompts_file", default=None, help="JSONL prompt file (\"prompt\", optional \"id\", \"category\"); default: the shipped set.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts (one per category first).")
+@click.option("-n", "--n-predict", type=click.IntRange(min=2), default=128, show_default=True, help="Tokens to generate per prompt.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Repeats of the whole interleaved pass.")
+@click.option("-c", "--ctx-size", type=click.IntRange(min=16), default=1024, show_default=True, help="Context size (all engines).")
+@click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True, help="Batch and micro-batch size (all engines).")
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all available cores).")
+@click.option("-fa", "--flash-attn", type=click.Choice(["on", "off"]), default="on", show_default=True,
+              help="Flash attention, the same for every engine (llama-cpp-python has no 'auto').")
+@click.option("--seed", type=click.IntRange(min=0, max=0xFFFFFFFE), default=42, show_default=True, help="Sampling seed (synthetic acceptance draws from it).")
+@click.option("--spec-draft-n-max", type=click.IntRange(min=1), default=3, show_default=True, help="Draft length for draft-simple and synth modes.")
+@click.option("--spec-draft-n-min", type=click.IntRange(min=0), default=0, show_default=True, help="Minimum draft length (draft-simple).")
+@click.option("--native-dir", default=None, help="Folder with bin/llama-server and bin/llama-speculative-simple (default: ./native).")
+@click.option("--no-warmup", is_flag=True, help="Skip the unrecorded warm-up run of every configuration.")
+@click.option("--no-costs", is_flag=True, help="Skip measuring the verify-cost curve (no predicted speedup / efficiency).")
+@click.option("--near-tie-tol", type=float, default=0.5, show_default=True, help="Logit tolerance that classifies a divergence as a near-tie.")
+@click.option("--json", "json_path", default=None, help="Write the full report (settings, rows, every run) as JSON.")
+@click.option("--markdown", "md_path", default=None, help="Write the report as markdown.")
+@click.option("--plot", "plot_path", default=None, help="Write a PNG plot (speedup by mode and engine, decode tokens/s).")
+@click.option("--cache-dir", default=None, help="Model cache directory.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (plain log lines on stderr instead).")
+@click.option("--spec-ngram-mod-n-min", type=int, default=None, help="ngram-mod: min draft length (default 48).")
+@click.option("--spec-ngram-mod-n-max", type=int, default=None, help="ngram-mod: max draft length (default 64).")
+@click.option("--spec-ngram-mod-n-match", type=int, default=None, help="ngram-mod: n-gram length to match (default 24).")
+@click.option("--spec-ngram-simple-size-n", "ngram_simple_size_n", type=int, default=None, help="ngram-simple: key length (default 12).")
+@click.option("--spec-ngram-simple-size-m", "ngram_simple_size_m", type=int, default=None, help="ngram-simple: draft length (default 48).")
+@click.option("--spec-ngram-map-k-size-n", "ngram_map_k_size_n", type=int, default=None, help="ngram-map-k: key length (default 12).")
+@click.option("--spec-ngram-map-k-size-m", "ngram_map_k_size_m", type=int, default=None, help="ngram-map-k: draft length (default 48).")
+@handle_errors
+def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
+          threads, flash_attn, seed, spec_draft_n_max, spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol,
+          json_path, md_path, plot_path, cache_dir, no_progress, **ngram_kw):
+    """Benchmark llamaspec against native llama.cpp and llama-cpp-python on the same models and settings.
+
+    Every configuration (engine x mode) runs on every prompt back to back, in alternating order on
+    successive repeats, in one process tree; models are loaded (and servers started) before timing.
+    The report gives decode tokens/s (median, min, max), acceptance, speedup over plain, the
+    llamaspec/native ratio, the efficiency against the speedup model, and any token divergence.
+    """
+    from llamaspec.bench import BenchConfig, load_prompts, parse_modes, run_benchmark
+    from llamaspec.bench.prompts import quick_subset
+    from llamaspec.bench.report import plot_png, render_markdown, rich_table, write_atomic, write_json
+    from llamaspec.errors import UsageError
+    from llamaspec.params import SpecParams
+
+    for p, flag in ((json_path, "--json"), (md_path, "--markdown"), (plot_path, "--plot")):
+        check_output_path(p, flag)
+    if plot_path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
+    ctx = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+
+    spec = SpecParams()
+    spec.draft.n_max, spec.draft.n_min = spec_draft_n_max, spec_draft_n_min
+    from .ngram_options import apply_ngram_options
+
+    apply_ngram_options(spec, ngram_kw)
+
+    tmpdir = None
+    target_name = draft_name = None
+    if quick:
+        if pair or model or draft_model:
+            raise UsageError("--quick uses the tiny test models: drop --pair / -m / -md")
+        from llamaspec.testing.tiny_models import make_all
+
+        tmpdir = tempfile.TemporaryDirectory(prefix="llamaspec-bench-quick-")
+        paths = make_all(tmpdir.name, ["llama", "llama-draft"])
+        target, draft = str(paths["llama"]), str(paths["llama-draft"])
+        target_name, draft_name = "tiny llama (random weights)", "tiny llama-draft (perturbed copy)"
+        n_predict = n_predict if given("n_predict") else QUICK_N
+        repeats = repeats if given("repeats") else 1
+        ctx_size = ctx_size if given("ctx_size") else 256
+        # the tiny models rarely repeat long n-grams in a few tokens: short keys make the n-gram drafters draft
+        if not any(given(k) for k in ("spec_ngram_mod_n_match", "spec_ngram_mod_n_min", "spec_ngram_mod_n_max")):
+            spec.ngram_mod.n_match, spec.ngram_mod.n_min, spec.ngram_mod.n_max = 2, 1, 8
+        for kind in ("simple", "map_k"):
+            if not any(given(f"ngram_{kind}_size_{x}") for x in "nm"):
+                q = getattr(spec, f"ngram_{kind}")
+                q.size_n, q.size_m = 2, 8
+    else:
+        if pair and (model or draft_model):
+            raise UsageError("--pair names both models: drop -m / -md, or drop --pair")
+        if draft_model and not model:
+            raise UsageError("-md needs -m (or use --pair)")
+        if model:
+            target_name, draft_name = model, draft_model
+        else:
+            from llamaspec.models import load_registry
+
+            reg = load_registry()
+            pname = pair or reg.default_pair
+            p = reg.pair(pname)
+            target_name, draft_name, pair = p.target, p.draft, pname
+        target = resolve_model_arg(target_name, cache_dir)
+        draft = resolve_model_arg(draft_name, cache_dir) if draft_name else None
+
+    prompts = load_prompts(prompts_file)
+    if quick:
+        prompts = quick_subset(prompts, limit or QUICK_PROMPTS, QUICK_CHARS)
+    elif limit:
+        prompts = quick_subset(prompts, limit)
+    mode_list = parse_modes(modes)
+    engine_list = [e.strip() for e in engines.split(",") if e.strip()]
+    cfg = BenchConfig(
+        target=target, draft=draft, modes=mode_list, engines=engine_list, prompts=prompts, n_predict=n_predict,
+        repeats=repeats, n_ctx=ctx_size, n_batch=batch_size, threads=threads or 0, flash_attn=flash_attn == "on",
+        seed=seed, spec=spec, warmup=not no_warmup, measure_costs=not no_costs, near_tie_tol=near_tie_tol,
+        native_dir=native_dir, pair=pair, target_name=target_name, draft_name=draft_name, prompts_file=prompts_file,
+        quick=quick, command="llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None,
+    )
+    try:
+        report = _run_with_progress(cfg, run_benchmark, no_progress)
+    finally:
+        if tmpdir is not None:
+            tmpdir.cleanup()
+    con = err_console
+    if not con.is_terminal:  # a log file or a pipe: do not squeeze the table into 80 columns
+        from rich.console import Console
+
+        con = Console(stderr=True, width=140, highlight=False)
+    con.print(rich_table(report))
+    from llamaspec.bench.report import headline
+
+    for line in headline(report):
+        con.print(f"  {line}", markup=False, highlight=False)
+    eq = report["equality"]
+    n_div = len(eq["divergences"])
+    n_tie = sum(1 for d in eq["divergences"] if d.get("near_tie"))
+    con.print(f"token equality: {eq['n_compared']} outputs compared with {eq['reference']}: "
+                      f"{n_div} diverge ({n_tie} near-ties)", markup=False, highlight=False)
+    for n in report["notes"]:
+        con.print(f"[yellow]note:[/] {n}", highlight=False)
+    if report["errors"]:
+        con.print(f"[red]{len(report['errors'])} run(s) failed[/]; first: {report['errors'][0]['error']}", highlight=False)
+    if json_path:
+        write_json(report, json_path)
+    if md_path:
+        write_atomic(md_path, render_markdown(report))
+    if plot_path:
+        plot_png(report, plot_path)
+
+
+def _run_with_progress(cfg, run, no_progress: bool) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    if no_progress:
+        def cb(kind, **kw):
+            if kind == "phase":
+                err_console.print(f"[dim]{kw['text']}[/]", highlight=False)
+        return run(cfg, cb)
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=err_console, transient=False)
+    task = None
+    with prog:
+        def cb(kind, **kw):
+            nonlocal task
+            if kind == "phase":
+                if task is None:
+                    prog.console.print(f"[dim]{kw['text']}[/]", highlight=False)
+                else:
+                    prog.update(task, description=kw["text"])
+            elif kind == "start":
+                task = prog.add_task("runs", total=kw["total"])
+            elif kind == "run" and task is not None:
+                prog.update(task, completed=kw["done"], description=kw["label"][:60])
+        return run(cfg, cb)

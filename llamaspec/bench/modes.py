@@ -1,0 +1,126 @@
+"""Benchmark modes: what is being measured, independent of the engine that runs it.
+
+A mode is one of
+
+* ``plain`` — no speculation;
+* drafter types joined by ``+`` (llama.cpp's ``--spec-type`` names): ``draft-simple``, ``ngram-mod``,
+  ``ngram-simple``, ``ngram-map-k``, ``ngram-map-k4v``, ``ngram-mod+draft-simple``, ...;
+* ``synth:L`` — draft-simple with synthetic acceptance of mean length ``L`` (``--spec-synth-len``; the
+  output is not the model's, so it is left out of the token-equality check);
+* ``lookup`` / ``lookup:N`` — llama-cpp-python's ``LlamaPromptLookupDecoding(num_pred_tokens=N)`` (default
+  10); only the llama-cpp-python engine runs it.
+
+>>> [m.name for m in parse_modes("plain, draft-simple,ngram-mod+draft-simple,synth:3,lookup")]
+['plain', 'draft-simple', 'ngram-mod+draft-simple', 'synth:3.0', 'lookup:10']
+>>> parse_mode("ngram-mod+draft-simple").types
+('ngram-mod', 'draft-simple')
+>>> parse_mode("synth:2.5").exact, parse_mode("ngram-mod").exact
+(False, True)
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from ..params import NAME_TO_TYPE, SpecParams
+
+#: drafter types a mode may name (ngram-cache needs cache files, the others need special models)
+MODE_TYPES = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+DEFAULT_LOOKUP_N = 10
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    types: tuple[str, ...] = ()
+    synth_len: float | None = None
+    lookup_n: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """``plain``, ``spec`` (a llama.cpp drafter chain) or ``lookup`` (llama-cpp-python's prompt lookup)."""
+        if self.lookup_n is not None:
+            return "lookup"
+        return "spec" if self.types else "plain"
+
+    @property
+    def is_plain(self) -> bool:
+        return self.kind == "plain"
+
+    @property
+    def needs_draft(self) -> bool:
+        return "draft-simple" in self.types
+
+    @property
+    def exact(self) -> bool:
+        """Greedy output must equal plain greedy output (false for synthetic acceptance)."""
+        return self.synth_len is None
+
+    @property
+    def is_ngram(self) -> bool:
+        """Every drafter is an n-gram drafter (drafting cost ~0 in the speedup model)."""
+        return bool(self.types) and not self.needs_draft
+
+    def spec_params(self, template: SpecParams | None = None) -> SpecParams:
+        """The llamaspec parameters for this mode: ``template``'s settings (n_max, n-gram sizes) with this
+        mode's types and synthetic length."""
+        p = copy.deepcopy(template) if template is not None else SpecParams()
+        p.types = ["none"]
+        if self.types:
+            p.add_types(list(self.types))
+        p.synth_len = -1.0 if self.synth_len is None else float(self.synth_len)
+        p.synth_rates = []
+        return p
+
+
+def parse_mode(text: str) -> Mode:
+    s = text.strip()
+    if not s:
+        raise UsageError("empty mode name in --modes")
+    if s == "plain" or s == "none":
+        return Mode("plain")
+    if s == "lookup" or s.startswith("lookup:"):
+        n = DEFAULT_LOOKUP_N
+        if ":" in s:
+            try:
+                n = int(s.split(":", 1)[1])
+            except ValueError:
+                raise UsageError(f"mode {s!r}: lookup:N needs an integer N (num_pred_tokens)") from None
+            if n < 1:
+                raise UsageError(f"mode {s!r}: num_pred_tokens must be >= 1")
+        return Mode(f"lookup:{n}", lookup_n=n)
+    if s.startswith("synth:"):
+        try:
+            length = float(s.split(":", 1)[1])
+        except ValueError:
+            raise UsageError(f"mode {s!r}: synth:L needs a number L (mean accepted length)") from None
+        if not math.isfinite(length) or length < 1.0:
+            raise UsageError(f"mode {s!r}: the synthetic mean length must be >= 1")
+        return Mode(f"synth:{length}", types=("draft-simple",), synth_len=length)
+    types = tuple(t.strip() for t in s.split("+"))
+    for t in types:
+        if t not in MODE_TYPES:
+            extra = " (ngram-cache needs cache files: use llamaspec generate -lcs/-lcd)" if t == "ngram-cache" else ""
+            known = ", ".join(("plain",) + MODE_TYPES + ("synth:L", "lookup[:N]"))
+            if t in NAME_TO_TYPE and not extra:
+                extra = " (not supported by the benchmark)"
+            raise UsageError(f"unknown benchmark mode {t!r}{extra}; known: {known}")
+    if len(set(types)) != len(types):
+        raise UsageError(f"mode {s!r} names a drafter twice")
+    return Mode("+".join(types), types=types)
+
+
+def parse_modes(text: str | list[str]) -> list[Mode]:
+    items = text.split(",") if isinstance(text, str) else [x for t in text for x in t.split(",")]
+    out: list[Mode] = []
+    for item in items:
+        if not item.strip():
+            continue
+        m = parse_mode(item)
+        if m.name not in {x.name for x in out}:
+            out.append(m)
+    if not out:
+        raise UsageError("--modes is empty")
+    return out

@@ -1,0 +1,350 @@
+"""Driving the native llama.cpp tools built by ``scripts/build_llama_cpp.sh``.
+
+* ``llama-server`` is started once per configuration on ``127.0.0.1`` with a free port (loopback only),
+  one slot, ``--metrics``; each request is ``POST /completion`` with token ids, ``n_predict``, temperature
+  0, ``cache_prompt: false`` and ``return_tokens: true``. Decode speed comes from the response's
+  ``timings``; drafted / accepted / verification-step / per-position counts from the difference of the
+  ``/metrics`` counters around the request (exact, unlike the rounded log line).
+* ``llama-speculative-simple`` runs once per generation; it prints the generated text on stdout and its
+  timings and the chain's statistics line on stderr.
+
+Flags are llama.cpp's own (``common/arg.cpp``); :func:`common_args` and :func:`spec_args` build them from
+the same settings the in-process engine uses.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import LlamaSpecError
+from ..params import SpecParams
+from .modes import Mode
+
+SERVER = "llama-server"
+SPEC_SIMPLE = "llama-speculative-simple"
+LOOPBACK = "127.0.0.1"
+
+
+class NativeError(LlamaSpecError):
+    pass
+
+
+@dataclass
+class NativeSettings:
+    n_ctx: int
+    n_batch: int
+    threads: int
+    flash_attn: bool
+    seed: int
+    spec: SpecParams = field(default_factory=SpecParams)
+
+
+def native_dirs(explicit: str | os.PathLike | None = None) -> list[Path]:
+    """Where to look for ``bin/<tool>``: ``explicit``, ``$LLAMASPEC_NATIVE_DIR``, ``./native``, and the
+    ``native/`` folder of a source checkout of llamaspec."""
+    out: list[Path] = []
+    if explicit:
+        out.append(Path(explicit))
+    env = os.environ.get("LLAMASPEC_NATIVE_DIR")
+    if env:
+        out.append(Path(env))
+    out.append(Path.cwd() / "native")
+    out.append(Path(__file__).resolve().parents[2] / "native")
+    return out
+
+
+def find_tool(name: str, native_dir: str | os.PathLike | None = None) -> Path | None:
+    for d in native_dirs(native_dir):
+        for p in (d / "bin" / name, d / name):
+            if p.is_file() and os.access(p, os.X_OK):
+                return p
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def common_args(s: NativeSettings) -> list[str]:
+    """Context, threads and greedy sampling flags shared by both tools."""
+    return [
+        "-c", str(s.n_ctx), "-b", str(s.n_batch), "-ub", str(s.n_batch),
+        "-t", str(s.threads), "-tb", str(s.threads),
+        "-fa", "on" if s.flash_attn else "off",
+        "--temp", "0", "--top-k", "1", "--seed", str(s.seed),
+        "-ngl", "0",
+    ]
+
+
+def spec_args(mode: Mode, spec: SpecParams, draft: str | None) -> list[str]:
+    """Speculative flags for ``mode`` with ``spec``'s settings (spec §2.2 names).
+
+    >>> from llamaspec.bench.modes import parse_mode
+    >>> spec_args(parse_mode("plain"), SpecParams(), None)
+    []
+    >>> a = spec_args(parse_mode("ngram-mod"), SpecParams(), None)
+    >>> a[:2], a[a.index("--spec-ngram-mod-n-match") + 1]
+    (['--spec-type', 'ngram-mod'], '24')
+    """
+    if not mode.types:
+        return []
+    p = mode.spec_params(spec)
+    a = ["--spec-type", ",".join(mode.types)]
+    if mode.needs_draft:
+        if not draft:
+            raise NativeError(f"mode {mode.name} needs a draft model")
+        a += ["-md", str(draft), "--spec-draft-n-max", str(p.draft.n_max), "--spec-draft-n-min", str(p.draft.n_min),
+              "--spec-draft-p-min", repr(float(p.draft.p_min)), "-ngld", "0"]
+    if "ngram-mod" in mode.types:
+        a += ["--spec-ngram-mod-n-match", str(p.ngram_mod.n_match), "--spec-ngram-mod-n-min", str(p.ngram_mod.n_min),
+              "--spec-ngram-mod-n-max", str(p.ngram_mod.n_max)]
+    for t in ("ngram-simple", "ngram-map-k", "ngram-map-k4v"):
+        if t in mode.types:
+            q = getattr(p, t.replace("-", "_"))
+            k = t[len("ngram-"):]
+            a += [f"--spec-ngram-{k}-size-n", str(q.size_n), f"--spec-ngram-{k}-size-m", str(q.size_m),
+                  f"--spec-ngram-{k}-min-hits", str(q.min_hits)]
+    if mode.synth_len is not None:
+        a += ["--spec-synth-len", repr(float(mode.synth_len))]
+    return a
+
+
+# -------------------------------------------------------------------------------------------------
+# llama-server
+# -------------------------------------------------------------------------------------------------
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 600.0) -> bytes:
+    if not url.startswith(f"http://{LOOPBACK}:"):  # pragma: no cover - guarded by construction
+        raise NativeError(f"refusing a non-loopback address: {url}")
+    data = None if body is None else json.dumps(body).encode("utf-8")
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    with _NO_PROXY.open(req, timeout=timeout) as r:
+        return r.read()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {name (with labels): value}, without the ``llamacpp:`` prefix.
+
+    >>> parse_metrics('# HELP x\\nllamacpp:tokens_predicted_total 20\\nllamacpp:a{position="0"} 5\\n')
+    {'tokens_predicted_total': 20.0, 'a{position="0"}': 5.0}
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        try:
+            name, value = line.rsplit(" ", 1)
+            out[name.removeprefix("llamacpp:")] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def per_pos_from_metrics(m: dict[str, float]) -> list[int]:
+    pos: dict[int, int] = {}
+    for k, v in m.items():
+        mm = re.match(r'spec_decode_num_accepted_tokens_per_pos_total\{position="(\d+)"\}', k)
+        if mm:
+            pos[int(mm.group(1))] = int(round(v))
+    return [pos.get(i, 0) for i in range(max(pos) + 1)] if pos else []
+
+
+class Server:
+    """One ``llama-server`` process on a free loopback port."""
+
+    def __init__(self, binary: Path, model: str, args: Sequence[str], *, log_dir: str | None = None, label: str = "server"):
+        self.binary, self.model, self.args, self.label = binary, model, list(args), label
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+        fd, self.log_path = tempfile.mkstemp(prefix=f"llamaspec-bench-{label.replace('/', '_')}-", suffix=".log", dir=log_dir)
+        os.close(fd)
+
+    @property
+    def base(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [str(self.binary), "-m", str(self.model), "--host", LOOPBACK, "--port", str(self.port), "-np", "1",
+                "--metrics", "--no-webui", "--cache-ram", "0", "-lv", "3", *self.args]
+
+    def start(self, timeout: float = 300.0) -> None:
+        last_err = ""
+        for _attempt in range(3):  # a port taken between free_port() and bind: try another one
+            self.port = free_port()
+            log = open(self.log_path, "ab")
+            try:
+                self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            finally:
+                log.close()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < timeout:
+                if self.proc.poll() is not None:
+                    last_err = self.log_tail()
+                    break
+                try:
+                    _http(self.base + "/health", timeout=5)
+                    return
+                except (urllib.error.URLError, OSError, ConnectionError):
+                    time.sleep(0.2)
+            else:
+                self.stop()
+                raise NativeError(f"{self.label}: llama-server did not become ready in {timeout:.0f} s; log: {self.log_path}")
+            if "bind" not in last_err and "address already in use" not in last_err.lower():
+                break
+        raise NativeError(f"{self.label}: llama-server exited at start-up: {last_err.strip()[-600:]} (log: {self.log_path})")
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return Path(self.log_path).read_text(errors="replace")[-n:]
+        except OSError:  # pragma: no cover
+            return ""
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(_http(self.base + "/metrics", timeout=60).decode("utf-8", "replace"))
+
+    def complete(self, tokens: Sequence[int], n_predict: int, seed: int) -> tuple[dict, dict[str, float]]:
+        """One greedy completion; returns (response JSON, metrics delta of this request)."""
+        before = self.metrics()
+        body = {"prompt": list(tokens), "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": seed,
+                "cache_prompt": False, "return_tokens": True, "stream": False}
+        try:
+            res = json.loads(_http(self.base + "/completion", body).decode("utf-8"))
+        except urllib.error.HTTPError as e:
+            raise NativeError(f"{self.label}: HTTP {e.code}: {e.read()[:300]!r}") from None
+        after = self.metrics()
+        want = before.get("tokens_predicted_total", 0) + res.get("tokens_predicted", 0)
+        for _ in range(50):  # metrics are updated at slot release; normally already done
+            if after.get("tokens_predicted_total", 0) >= want:
+                break
+            time.sleep(0.02)
+            after = self.metrics()
+        delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        return res, delta
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+        self.proc = None
+
+    def remove_log(self) -> None:
+        try:
+            os.unlink(self.log_path)
+        except OSError:  # pragma: no cover
+            pass
+
+
+# -------------------------------------------------------------------------------------------------
+# llama-speculative-simple
+# -------------------------------------------------------------------------------------------------
+
+_RE_DEC = re.compile(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds")
+_RE_ENC = re.compile(r"encoded\s+(\d+) tokens in\s+([0-9.]+) seconds")
+_RE_DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
+_RE_ACCEPT = re.compile(r"n_accept\s*=\s*(\d+)")
+_RE_STATS = re.compile(
+    r"statistics\s+(\S+): #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+), #gen drafts =\s*(\d+), #acc drafts =\s*(\d+), "
+    r"#gen tokens =\s*(\d+), #acc tokens =\s*(\d+)(?:, #mean acc len = ([0-9.]+), #acc rate/pos = \(([^)]*)\))?"
+)
+
+
+@dataclass
+class SpecSimpleResult:
+    n_prompt: int
+    n_predicted: int
+    t_prompt_s: float
+    t_decode_s: float
+    n_drafted: int
+    n_accepted: int
+    n_verif_steps: int | None
+    accepted_per_pos: list[int] | None
+    text: str
+
+
+def parse_spec_simple(stdout: str, stderr: str, prompt_text: str | None = None) -> SpecSimpleResult:
+    """Numbers and generated text of one ``llama-speculative-simple`` run.
+
+    The verification-step count and per-position counts come from the chain's statistics line
+    (``#calls(b,g,a)``: ``a`` = accept calls = verification steps; rates have 3 decimals, so counts are
+    recovered exactly while there are fewer than 2000 steps).
+
+    >>> err = ("encoded    7 tokens in    0.001 seconds, speed: 1 t/s\\ndecoded   21 tokens in    0.039 seconds, speed: 5 t/s\\n"
+    ...        "n_drafted = 39\\nn_accept  = 7\\nspec common_specu: statistics     draft-simple: #calls(b,g,a) =    1     14     14,"
+    ...        " #gen drafts =     14, #acc drafts =     5, #gen tokens =     39, #acc tokens =     7, #mean acc len = 1.50,"
+    ...        " #acc rate/pos = (0.357, 0.143, 0.000), dur(b,g,a) = 0.0, 1.0, 0.0 ms\\n")
+    >>> r = parse_spec_simple("\\n\\nPROMPTabc\\n\\n\\n\\n", err, "PROMPT")
+    >>> r.n_predicted, r.n_drafted, r.n_accepted, r.n_verif_steps, r.accepted_per_pos, r.text
+    (21, 39, 7, 14, [5, 2, 0], 'abc')
+    """
+    m = _RE_DEC.search(stderr)
+    e = _RE_ENC.search(stderr)
+    if not m or not e:
+        raise NativeError("llama-speculative-simple printed no timings: " + stderr.strip()[-400:])
+    n_pred, t_dec = int(m.group(1)), float(m.group(2))
+    md, ma = _RE_DRAFTED.search(stderr), _RE_ACCEPT.search(stderr)
+    steps = per_pos = None
+    drafted = int(md.group(1)) if md else 0
+    accepted = int(ma.group(1)) if ma else 0
+    st = _RE_STATS.search(stderr)
+    if st:
+        steps = int(st.group(4))
+        drafted, accepted = int(st.group(7)), int(st.group(8))
+        if st.group(10) is not None and st.group(10).strip():
+            per_pos = [int(round(float(x) * steps)) for x in st.group(10).split(",")]
+        elif steps == 0:
+            per_pos = []
+    text = stdout
+    if text.startswith("\n\n"):
+        text = text[2:]
+    if prompt_text is not None and text.startswith(prompt_text):
+        text = text[len(prompt_text):]
+    while text.endswith("\n\n"):
+        text = text[:-2]
+    return SpecSimpleResult(int(e.group(1)), n_pred, float(e.group(2)), t_dec, drafted, accepted, steps, per_pos, text)
+
+
+def run_spec_simple(binary: Path, model: str, args: Sequence[str], prompt: str, n_predict: int,
+                    timeout: float = 1800.0) -> tuple[list[str], subprocess.CompletedProcess]:
+    """Run one generation of ``n_predict`` tokens (the tool generates ``-n`` + 1, so ``-n`` is one less)."""
+    cmd = [str(binary), "-m", str(model), "-p", prompt, "--no-escape", "-n", str(max(0, n_predict - 1)),
+           "--color", "off", "-lv", "4", *args]
+    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+    return cmd, proc
+
+
+def run_spec_simple_parsed(binary: Path, model: str, args: Sequence[str], prompt: str, n_predict: int, prompt_prefix: str,
+                           attempts: int = 3) -> tuple[list[str], SpecSimpleResult]:
+    """:func:`run_spec_simple` + :func:`parse_spec_simple`. The tool logs through an asynchronous logger that
+    can lose its last lines when the process exits (seen under load: exit status 0, no timings); such a
+    run is repeated (greedy generation is deterministic)."""
+    last = ""
+    for _ in range(attempts):
+        cmd, proc = run_spec_simple(binary, model, args, prompt, n_predict)
+        out = proc.stdout.decode("utf-8", "replace")
+        err = proc.stderr.decode("utf-8", "replace")
+        if proc.returncode != 0:
+            raise NativeError(f"{SPEC_SIMPLE} exited with {proc.returncode}: {err.strip()[-500:]}")
+        try:
+            return cmd, parse_spec_simple(out, err, prompt_prefix)
+        except NativeError as e:
+            last = str(e)
+    raise NativeError(f"{last} (after {attempts} attempts)")

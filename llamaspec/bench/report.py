@@ -1,0 +1,330 @@
+"""Rendering of the report dictionary: markdown, JSON, PNG plot (all written atomically) and a rich table."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from .prompts import CATEGORIES
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write to a temporary file in the same folder, then rename it over ``path``."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json(report: dict, path: str | os.PathLike) -> None:
+    write_atomic(path, json.dumps(report, indent=1, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(o):  # pragma: no cover - only for unexpected types
+    return str(o)
+
+
+# -------------------------------------------------------------------------------------------------
+# formatting helpers
+# -------------------------------------------------------------------------------------------------
+
+
+def f_num(v, digits: int = 1, suffix: str = "") -> str:
+    """
+    >>> f_num(12.345), f_num(None), f_num(0.5, 2, "x")
+    ('12.3', '–', '0.50x')
+    """
+    return "–" if v is None else f"{v:.{digits}f}{suffix}"
+
+
+def f_pct(v) -> str:
+    return "–" if v is None else f"{100 * v:.1f}%"
+
+
+def f_pos(v, n: int = 4) -> str:
+    """
+    >>> f_pos([0.9, 0.81, 0.7, 0.6, 0.5])
+    '0.90 0.81 0.70 0.60 …'
+    >>> f_pos(None)
+    '–'
+    """
+    if not v:
+        return "–"
+    s = " ".join(f"{x:.2f}" for x in v[:n])
+    return s + (" …" if len(v) > n else "")
+
+
+def row_cells(row: dict) -> dict[str, str]:
+    """The display cells of one aggregate row (shared by markdown and the rich table)."""
+    tps = row["decode_tps"]
+    spec = row.get("spec") or {}
+    return {
+        "engine": row["engine"],
+        "mode": row["mode"],
+        "tool": row.get("tool") or "",
+        "tok/s": f_num(tps["median"]),
+        "min–max": f"{f_num(tps['min'])}–{f_num(tps['max'])}" if tps["median"] is not None else "–",
+        "prompt ms": f_num(row.get("prompt_ms_median"), 0),
+        "acc rate": f_pct(spec.get("acceptance_rate")) if spec else "–",
+        "mean len": f_num(spec.get("mean_accepted_length"), 2) if spec else "–",
+        "a": f_num(row.get("per_token_acceptance"), 2),
+        "acc/pos": f_pos(spec.get("accepted_per_pos")) if spec else "–",
+        "speedup": f_num(row.get("speedup"), 2, "x"),
+        "ls/native": f_num(row.get("ratio_llamaspec_native"), 2),
+        "predicted": f_num(row.get("predicted_speedup"), 2, "x"),
+        "efficiency": f_pct(row.get("efficiency")),
+    }
+
+
+COLUMNS = ["engine", "mode", "tool", "tok/s", "min–max", "prompt ms", "acc rate", "mean len", "a", "acc/pos",
+           "speedup", "ls/native", "predicted", "efficiency"]
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    def esc(x: str) -> str:
+        return str(x).replace("|", "\\|").replace("\n", " ")
+
+    out = ["| " + " | ".join(esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# -------------------------------------------------------------------------------------------------
+# markdown
+# -------------------------------------------------------------------------------------------------
+
+
+def headline(report: dict) -> list[str]:
+    """One-line answers: speedups per engine and mode, llamaspec/native ratios."""
+    lines = []
+    rows = report["rows"]
+    for r in rows:
+        if r["mode"] == "plain" or r.get("speedup") is None:
+            continue
+        s = f"{r['engine']} {r['mode']}: {f_num(r['decode_tps']['median'])} tok/s, {f_num(r['speedup'], 2)}x over plain"
+        if r.get("ratio_llamaspec_native") is not None:
+            s += f", {f_num(r['ratio_llamaspec_native'], 2)} of native"
+        if r.get("spec"):
+            s += f", acceptance {f_pct(r['spec'].get('acceptance_rate'))}"
+        lines.append(s)
+    plain = {r["engine"]: r for r in rows if r["mode"] == "plain"}
+    if "llamaspec" in plain and "native" in plain and plain["llamaspec"].get("ratio_llamaspec_native"):
+        lines.insert(0, f"plain: llamaspec {f_num(plain['llamaspec']['decode_tps']['median'])} tok/s = "
+                        f"{f_num(plain['llamaspec']['ratio_llamaspec_native'], 2)} of native "
+                        f"({f_num(plain['native']['decode_tps']['median'])} tok/s)")
+    return lines
+
+
+def render_markdown(report: dict) -> str:
+    s = report["settings"]
+    out: list[str] = []
+    title = f"{s['target']}" + (f" + draft {s['draft']}" if s.get("draft") else "")
+    out.append(f"# Benchmark: {title}\n")
+    m = report.get("machine", {})
+    out.append(f"- date: {report.get('created', '')}, duration {report.get('duration_s', '–')} s")
+    out.append(f"- machine: {m.get('cpu', '?')}, {m.get('n_cpus_available', '?')} CPUs available, "
+               f"load average at start {', '.join(f'{x:.2f}' for x in (m.get('loadavg_at_start') or []))}")
+    if report.get("command"):
+        out.append(f"- command: `{report['command']}`")
+    out.append(f"- {s['n_prompts']} prompts ({s['prompts']}), {s['n_predict']} tokens each, {s['repeats']} repeat(s); "
+               f"context {s['n_ctx']}, batch {s['n_batch']}, {s['threads']} threads, flash attention "
+               f"{'on' if s['flash_attn'] else 'off'}, KV {s['kv_cache']}, {s['sampling']}; draft n_max {s['draft_n_max']}; "
+               f"ngram-mod n_match/n_min/n_max {s['ngram_mod']['n_match']}/{s['ngram_mod']['n_min']}/{s['ngram_mod']['n_max']}; "
+               f"ngram-simple / map-k size_n/size_m {s['ngram_simple']['size_n']}/{s['ngram_simple']['size_m']}")
+    out.append(f"- run order: {s['schedule']}")
+    out.append("")
+    hl = headline(report)
+    if hl:
+        out.append("## Headline\n")
+        out += [f"- {x}" for x in hl]
+        out.append("")
+    out.append("## Decode speed and acceptance\n")
+    out.append(_md_table(COLUMNS, [[row_cells(r)[c] for c in COLUMNS] for r in report["rows"]]))
+    out.append("")
+    out.append("tok/s: decode tokens per second, median over repeats of each repeat's total over all prompts (min–max "
+               "across repeats); prompt ms: median prompt time per prompt; acc rate = accepted / drafted; mean len = 1 + "
+               "accepted / verification steps; a = per-token acceptance that reproduces the mean length for the mean "
+               "draft length k; acc/pos = share of steps accepting at least i+1 drafts; speedup over plain of the same "
+               "engine; ls/native = llamaspec tok/s / native tok/s for the same mode; predicted = (1 - a^(k+1)) / "
+               "((1 - a)(k c + v)) (rounds without a draft count as plain steps); efficiency = speedup / predicted.\n")
+    # categories
+    cats = [c for c in CATEGORIES if any(x["category"] == c for x in report["per_category"])]
+    cats += sorted({x["category"] for x in report["per_category"]} - set(cats))
+    if cats:
+        out.append("## Decode tokens/s by prompt category (median over repeats)\n")
+        table: dict[tuple[str, str], dict[str, float]] = {}
+        for x in report["per_category"]:
+            table.setdefault((x["engine"], x["mode"]), {})[x["category"]] = x["decode_tps_median"]
+        rows = [[f"{e} / {mo}"] + [f_num(v.get(c)) for c in cats] for (e, mo), v in
+                sorted(table.items(), key=lambda kv: _row_order(report, kv[0]))]
+        out.append(_md_table(["engine / mode"] + cats, rows))
+        out.append("")
+    # equality
+    eq = report["equality"]
+    out.append("## Token equality\n")
+    out.append(f"Reference: {eq['reference']} (repeat 1). Compared {eq['n_compared']} greedy outputs (synthetic-acceptance "
+               f"modes excluded; llama-speculative-simple is compared by text).")
+    if not eq["divergences"]:
+        out.append("\nNo divergence: every compared output equals the reference (up to the shorter length).\n")
+    else:
+        out.append("")
+        rows = []
+        for d in eq["divergences"]:
+            kind = "near-tie" if d.get("near_tie") else ("DIVERGENCE" if "near_tie" in d else "?")
+            rows.append([d["engine"], d["mode"], d["prompt_id"], str(d["index"]), kind,
+                         f_num(d.get("ref_other_gap", d.get("top2_gap")), 3), repr(d.get("ref_piece", "")),
+                         repr(d.get("other_piece", "")) if d.get("other_piece") is not None else "(text)",
+                         ",".join(str(r + 1) for r in d["repeats"])])
+        out.append(_md_table(["engine", "mode", "prompt", "first index", "kind", "logit gap", "reference token",
+                              "other token", "repeats"], rows))
+        out.append("\nA near-tie is a divergence where both candidate tokens are within the tolerance "
+                   f"({report['settings']['near_tie_tol']}) of the top logit when the shared prefix is teacher-forced "
+                   "(batched and single-token decoding differ slightly: testing-notes §1).\n")
+    if eq.get("stats_parity"):
+        out.append("### Drafted / accepted / steps where the token streams are identical\n")
+        rows = [[p["mode"], p["prompt_id"], f"{p['native_engine']} ({p['native_tool']})", "/".join(map(str, p["llamaspec"])),
+                 "/".join("–" if x is None else str(x) for x in p["native"]), "yes" if p["match"] else "NO"]
+                for p in eq["stats_parity"]]
+        n_ok = sum(1 for p in eq["stats_parity"] if p["match"])
+        out.append(f"{n_ok} of {len(eq['stats_parity'])} identical.\n")
+        out.append(_md_table(["mode", "prompt", "native", "llamaspec drafted/accepted/steps", "native", "same"], rows))
+        out.append("")
+    # costs
+    c = report.get("costs")
+    if c:
+        out.append("## Cost model inputs\n")
+        curve = c["verify_curve_ms"]
+        out.append(_md_table(["rows verified"] + list(curve), [["target ms"] + [f_num(v, 2) for v in curve.values()],
+                                                             ["relative to 1"] + [f_num(v, 2) for v in c["verify_cost_rel"].values()]]))
+        if c.get("cost_ratio") is not None:
+            out.append(f"\nDraft/target cost c = {c['draft_ms_1']:.2f} ms / {c['target_ms_1']:.2f} ms = {c['cost_ratio']:.3f} "
+                       "(one-token decode with logits, probe.measure_verify_curve).")
+            rec = ", ".join(f"a={x['acceptance']}: n_max {x['n_max']} ({x['expected_speedup']}x)" for x in c["recommended_draft_n_max"])
+            out.append(f"Draft length the model recommends: {rec}.")
+        out.append("")
+    if report.get("native_commands"):
+        out.append("## Native commands\n")
+        for k, v in report["native_commands"].items():
+            out.append(f"- {k}: `{v}`")
+        out.append("")
+    extra = []
+    for n in report.get("notes", []):
+        extra.append(f"- {n}")
+    for sk in report.get("skipped", []):
+        extra.append(f"- skipped {sk['engine']} / {sk['mode']}: {sk['reason']}")
+    errs = report.get("errors", [])
+    for e in errs[:20]:
+        extra.append(f"- error {e['engine']} / {e['mode']} / {e['prompt_id']} (repeat {e['repeat'] + 1}): {e['error']}")
+    if len(errs) > 20:
+        extra.append(f"- … {len(errs) - 20} more errors in the JSON")
+    if extra:
+        out.append("## Notes\n")
+        out += extra
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _row_order(report: dict, key: tuple[str, str]) -> tuple[int, int]:
+    modes = report["settings"]["modes"]
+    engines = report["settings"]["engines"]
+    e, m = key
+    return (modes.index(m) if m in modes else 99, engines.index(e) if e in engines else 99)
+
+
+# -------------------------------------------------------------------------------------------------
+# rich table
+# -------------------------------------------------------------------------------------------------
+
+
+RICH_COLUMNS = ["engine", "mode", "tok/s", "min–max", "acc rate", "mean len", "speedup", "ls/native", "predicted", "efficiency"]
+
+
+def rich_table(report: dict):
+    from rich.table import Table
+
+    t = Table(title="decode tokens/s and acceptance (median over repeats)", title_justify="left")
+    for c in RICH_COLUMNS:
+        t.add_column(c, justify="left" if c in ("engine", "mode") else "right", no_wrap=True)
+    last_mode = None
+    for r in report["rows"]:
+        cells = row_cells(r)
+        if last_mode is not None and r["mode"] != last_mode:
+            t.add_section()
+        last_mode = r["mode"]
+        t.add_row(*[cells[c] for c in RICH_COLUMNS])
+    return t
+
+
+# -------------------------------------------------------------------------------------------------
+# plot
+# -------------------------------------------------------------------------------------------------
+
+
+def plot_png(report: dict, path: str | os.PathLike) -> None:
+    """Speedup over plain by mode and engine (left) and decode tokens/s with min–max whiskers (right)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    engines = [e for e in report["settings"]["engines"] if any(r["engine"] == e for r in rows)]
+    modes = [m for m in report["settings"]["modes"] if any(r["mode"] == m for r in rows)]
+    by = {(r["engine"], r["mode"]): r for r in rows}
+    colors = {"llamaspec": "#1f77b4", "native": "#ff7f0e", "native-server": "#d62728", "llama-cpp-python": "#2ca02c"}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.15]})
+    width = 0.8 / max(1, len(engines))
+
+    def bars(ax, mode_list, value: Callable, err: Callable | None, fmt: str):
+        for j, e in enumerate(engines):
+            xs, ys, lo, hi = [], [], [], []
+            for i, m in enumerate(mode_list):
+                r = by.get((e, m))
+                v = value(r) if r else None
+                if v is None:
+                    continue
+                xs.append(i + (j - (len(engines) - 1) / 2) * width)
+                ys.append(v)
+                if err:
+                    a, b = err(r)
+                    lo.append(max(0.0, v - a))
+                    hi.append(max(0.0, b - v))
+            if not xs:
+                continue
+            ax.bar(xs, ys, width * 0.95, label=e, color=colors.get(e), yerr=[lo, hi] if err else None, capsize=2)
+            for x, y in zip(xs, ys):
+                ax.annotate(fmt.format(y), (x, y), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(range(len(mode_list)))
+        ax.set_xticklabels(mode_list, rotation=20, ha="right", fontsize=8)
+
+    spec_modes = [m for m in modes if m != "plain"]
+    bars(ax1, spec_modes, lambda r: r.get("speedup"), None, "{:.2f}")
+    ax1.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax1.set_ylabel("speedup over plain (same engine)")
+    ax1.set_title("speedup by mode and engine")
+    ax1.legend(fontsize=8)
+    bars(ax2, modes, lambda r: r["decode_tps"]["median"], lambda r: (r["decode_tps"]["min"], r["decode_tps"]["max"]), "{:.1f}")
+    ax2.set_ylabel("decode tokens/s (median, min–max)")
+    ax2.set_title("decode speed")
+    s = report["settings"]
+    fig.suptitle(f"{s['target']}" + (f" + {s['draft']}" if s.get("draft") else "") +
+                 f" — {s['n_prompts']} prompts x {s['n_predict']} tokens, {s['repeats']} repeat(s), {s['threads']} threads",
+                 fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
