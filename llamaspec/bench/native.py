@@ -50,11 +50,11 @@ class NativeSettings:
 
 
 def native_dirs(explicit: str | os.PathLike | None = None) -> list[Path]:
-    """Where to look for ``bin/<tool>``: ``explicit``, ``$LLAMASPEC_NATIVE_DIR``, ``./native``, and the
-    ``native/`` folder of a source checkout of llamaspec."""
-    out: list[Path] = []
+    """Where to look for ``bin/<tool>``: ``explicit`` alone when given; else ``$LLAMASPEC_NATIVE_DIR``,
+    ``./native`` and the ``native/`` folder of a source checkout of llamaspec."""
     if explicit:
-        out.append(Path(explicit))
+        return [Path(explicit)]
+    out: list[Path] = []
     env = os.environ.get("LLAMASPEC_NATIVE_DIR")
     if env:
         out.append(Path(env))
