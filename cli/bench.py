@@ -178,10 +178,19 @@ def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, 
 def _run_with_progress(cfg, run, no_progress: bool) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    if no_progress:
+    if no_progress:  # plain lines: the phases, and every tenth of the runs (for logs)
+        import time
+
+        t0 = [time.monotonic()]
+
         def cb(kind, **kw):
             if kind == "phase":
                 err_console.print(f"[dim]{kw['text']}[/]", highlight=False)
+            elif kind == "start":
+                t0[0] = time.monotonic()
+            elif kind == "run" and kw["total"] >= 10 and kw["done"] % max(1, kw["total"] // 10) == 0:
+                el = time.monotonic() - t0[0]
+                err_console.print(f"[dim]run {kw['done']}/{kw['total']}, {el:.0f} s elapsed: {kw['label']}[/]", highlight=False)
         return run(cfg, cb)
     prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TimeRemainingColumn(), console=err_console, transient=False)

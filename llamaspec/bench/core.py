@@ -201,6 +201,9 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
         for m in cfg.modes:
             for e in cfg.engines:
                 why = runners[e].supports(m)
+                if why is None and e == "native-server" and "native" in runners and runners["native"].supports(m) is None \
+                        and runners["native"].tool(m) == runners[e].tool(m):
+                    why = "same run as native (llama-server)"
                 if why is None:
                     configs.append((e, m))
                 else:
@@ -268,7 +271,9 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
 
     mode_order = {m.name: i for i, m in enumerate(cfg.modes)}
     eng_order = {e: i for i, e in enumerate(cfg.engines)}
-    reference = {"native-server": "native-server"}
+    # native-server without its own plain run (deduplicated above) is compared with native's llama-server plain run
+    have = {(r.engine, r.mode) for r in results}
+    reference = {"native-server": "native"} if ("native-server", "plain") not in have else {}
     rows = aggregate(results, cost_ratio=(costs or {}).get("cost_ratio"),
                      verify_curve=(costs or {}).get("verify_curve_ms"), reference=reference)
     rows.sort(key=lambda r: (mode_order.get(r["mode"], 99), eng_order.get(r["engine"], 99)))
@@ -276,6 +281,10 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
     prompt_tps = per_group_tps(results, lambda r: (r.engine, r.mode, r.prompt_id))
     errors = [{"engine": r.engine, "mode": r.mode, "prompt_id": r.prompt_id, "repeat": r.repeat, "error": r.error}
               for r in results if r.error]
+    try:
+        machine["loadavg_at_end"] = os.getloadavg()
+    except OSError:  # pragma: no cover
+        pass
     file_type = None
     try:
         with L.Model(cfg.target, vocab_only=True) as vm:

@@ -115,6 +115,8 @@ def headline(report: dict) -> list[str]:
         s = f"{r['engine']} {r['mode']}: {f_num(r['decode_tps']['median'])} tok/s, {f_num(r['speedup'], 2)}x over plain"
         if r.get("ratio_llamaspec_native") is not None:
             s += f", {f_num(r['ratio_llamaspec_native'], 2)} of native"
+        if r.get("ratio_llamaspec_native_server") is not None:
+            s += f" ({f_num(r['ratio_llamaspec_native_server'], 2)} of native-server)"
         if r.get("spec"):
             s += f", acceptance {f_pct(r['spec'].get('acceptance_rate'))}"
         lines.append(s)
@@ -134,7 +136,8 @@ def render_markdown(report: dict) -> str:
     m = report.get("machine", {})
     out.append(f"- date: {report.get('created', '')}, duration {report.get('duration_s', '–')} s")
     out.append(f"- machine: {m.get('cpu', '?')}, {m.get('n_cpus_available', '?')} CPUs available, "
-               f"load average at start {', '.join(f'{x:.2f}' for x in (m.get('loadavg_at_start') or []))}")
+               f"load average at start {', '.join(f'{x:.2f}' for x in (m.get('loadavg_at_start') or []))}"
+               + (f", at end {', '.join(f'{x:.2f}' for x in m['loadavg_at_end'])}" if m.get("loadavg_at_end") else ""))
     if report.get("command"):
         out.append(f"- command: `{report['command']}`")
     out.append(f"- {s['n_prompts']} prompts ({s['prompts']}), {s['n_predict']} tokens each, {s['repeats']} repeat(s); "

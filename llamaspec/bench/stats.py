@@ -291,9 +291,10 @@ def aggregate(results: Sequence[RunResult], *, cost_ratio: float | None = None, 
                 row["cost_ratio"] = c
         row["efficiency"] = efficiency(row["speedup"], row["predicted_speedup"])
     for row in rows:
-        nat = tps_median.get(("native", row["mode"]))
         mine = tps_median.get(("llamaspec", row["mode"]))
-        row["ratio_llamaspec_native"] = (mine / nat) if (row["engine"] == "llamaspec" and mine and nat) else None
+        for eng, key in (("native", "ratio_llamaspec_native"), ("native-server", "ratio_llamaspec_native_server")):
+            nat = tps_median.get((eng, row["mode"]))
+            row[key] = (mine / nat) if (row["engine"] == "llamaspec" and mine and nat) else None
     return rows
 
 
