@@ -49,6 +49,8 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--plot", "plot_path", default=None, help="Write a PNG plot (speedup by mode and engine, decode tokens/s).")
 @click.option("--cache-dir", default=None, help="Model cache directory.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (plain log lines on stderr instead).")
+@click.option("--from-json", "from_json", default=None,
+              help="Run nothing: recompute the summary of a saved --json report and write the outputs again.")
 @click.option("--spec-ngram-mod-n-min", type=int, default=None, help="ngram-mod: min draft length (default 48).")
 @click.option("--spec-ngram-mod-n-max", type=int, default=None, help="ngram-mod: max draft length (default 64).")
 @click.option("--spec-ngram-mod-n-match", type=int, default=None, help="ngram-mod: n-gram length to match (default 24).")
@@ -59,7 +61,7 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @handle_errors
 def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
           threads, flash_attn, seed, spec_draft_n_max, spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol,
-          json_path, md_path, plot_path, cache_dir, no_progress, **ngram_kw):
+          json_path, md_path, plot_path, cache_dir, no_progress, from_json, **ngram_kw):
     """Benchmark llamaspec against native llama.cpp and llama-cpp-python on the same models and settings.
 
     Every configuration (engine x mode) runs on every prompt back to back, in alternating order on
@@ -69,7 +71,6 @@ def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, 
     """
     from llamaspec.bench import BenchConfig, load_prompts, parse_modes, run_benchmark
     from llamaspec.bench.prompts import quick_subset
-    from llamaspec.bench.report import plot_png, render_markdown, rich_table, write_atomic, write_json
     from llamaspec.errors import UsageError
     from llamaspec.params import SpecParams
 
@@ -80,6 +81,22 @@ def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, 
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
+    if from_json:
+        import json
+        from pathlib import Path
+
+        from llamaspec.bench.core import resummarise
+
+        try:
+            saved = json.loads(Path(from_json).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise UsageError(f"--from-json: file not found: {from_json}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UsageError(f"--from-json: {from_json} is not a JSON report") from None
+        if not isinstance(saved, dict) or "runs" not in saved or "settings" not in saved:
+            raise UsageError(f"--from-json: {from_json} is not a llamaspec bench report")
+        _emit(resummarise(saved), json_path, md_path, plot_path)
+        return
     ctx = click.get_current_context()
 
     def given(name: str) -> bool:
@@ -148,13 +165,18 @@ def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, 
     finally:
         if tmpdir is not None:
             tmpdir.cleanup()
+    _emit(report, json_path, md_path, plot_path)
+
+
+def _emit(report: dict, json_path, md_path, plot_path) -> None:
+    from llamaspec.bench.report import headline, plot_png, render_markdown, rich_table, write_atomic, write_json
+
     con = err_console
     if not con.is_terminal:  # a log file or a pipe: do not squeeze the table into 80 columns
         from rich.console import Console
 
         con = Console(stderr=True, width=140, highlight=False)
     con.print(rich_table(report))
-    from llamaspec.bench.report import headline
 
     for line in headline(report):
         con.print(f"  {line}", markup=False, highlight=False)

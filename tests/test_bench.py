@@ -5,7 +5,6 @@ from __future__ import annotations
 import doctest
 import importlib
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner

@@ -269,16 +269,7 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
         except OSError:
             pass
 
-    mode_order = {m.name: i for i, m in enumerate(cfg.modes)}
-    eng_order = {e: i for i, e in enumerate(cfg.engines)}
-    # native-server without its own plain run (deduplicated above) is compared with native's llama-server plain run
-    have = {(r.engine, r.mode) for r in results}
-    reference = {"native-server": "native"} if ("native-server", "plain") not in have else {}
-    rows = aggregate(results, cost_ratio=(costs or {}).get("cost_ratio"),
-                     verify_curve=(costs or {}).get("verify_curve_ms"), reference=reference)
-    rows.sort(key=lambda r: (mode_order.get(r["mode"], 99), eng_order.get(r["engine"], 99)))
-    cat_tps = per_group_tps(results, lambda r: (r.engine, r.mode, r.category))
-    prompt_tps = per_group_tps(results, lambda r: (r.engine, r.mode, r.prompt_id))
+    summary = summarise(results, cfg.modes, cfg.engines, costs)
     errors = [{"engine": r.engine, "mode": r.mode, "prompt_id": r.prompt_id, "repeat": r.repeat, "error": r.error}
               for r in results if r.error]
     try:
@@ -316,13 +307,83 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
         "notes": notes,
         "skipped": skipped,
         "errors": errors,
-        "rows": rows,
-        "per_category": [{"engine": k[0], "mode": k[1], "category": k[2], "decode_tps_median": v} for k, v in cat_tps.items()],
-        "per_prompt": [{"engine": k[0], "mode": k[1], "prompt_id": k[2], "decode_tps_median": v} for k, v in prompt_tps.items()],
+        **summary,
         "equality": {"reference": _reference_name(cfg), "n_compared": n_checked, "divergences": divergences,
                      "stats_parity": parity},
         "runs": [r.to_dict(with_tokens=False) for r in results],
     }
+
+
+def is_stateful(mode: Mode) -> bool:
+    """ngram-mod keeps its n-gram pool across requests (llama-server does too): from the second repeat on it
+    has seen the same prompt and continuation, so its first repeat ("cold") and later ones ("warm") are
+    reported as separate rows."""
+    return "ngram-mod" in mode.types
+
+
+def split_stateful(results: Sequence[RunResult], modes: Sequence[Mode]) -> tuple[list[RunResult], list[str]]:
+    """Relabel the runs of stateful modes ``MODE cold`` (repeat 1) / ``MODE warm`` (later repeats); return the
+    runs and the row order of mode labels.
+
+    >>> from llamaspec.bench.modes import parse_modes
+    >>> rs = [RunResult("e", "ngram-mod", "p", "c", i) for i in range(3)] + [RunResult("e", "plain", "p", "c", 0)]
+    >>> out, order = split_stateful(rs, parse_modes("plain,ngram-mod"))
+    >>> [r.mode for r in out], order
+    (['ngram-mod cold', 'ngram-mod warm', 'ngram-mod warm', 'plain'], ['plain', 'ngram-mod cold', 'ngram-mod warm'])
+    """
+    import dataclasses
+
+    stateful = {m.name for m in modes if is_stateful(m)}
+    repeats = {r.repeat for r in results}
+    out = []
+    for r in results:
+        if r.mode in stateful:
+            r = dataclasses.replace(r, mode=f"{r.mode} {'cold' if r.repeat == min(repeats) else 'warm'}")
+        out.append(r)
+    order: list[str] = []
+    for m in modes:
+        if m.name in stateful:
+            order.append(f"{m.name} cold")
+            if len(repeats) > 1:
+                order.append(f"{m.name} warm")
+        else:
+            order.append(m.name)
+    return out, order
+
+
+def summarise(results: Sequence[RunResult], modes: Sequence[Mode], engines: Sequence[str], costs: dict | None) -> dict:
+    """Rows (one per engine and mode label), per-category and per-prompt medians."""
+    labelled, row_modes = split_stateful(results, modes)
+    mode_order = {m: i for i, m in enumerate(row_modes)}
+    eng_order = {e: i for i, e in enumerate(engines)}
+    # native-server without its own plain run (deduplicated) is compared with native's llama-server plain run
+    have = {(r.engine, r.mode) for r in results}
+    reference = {"native-server": "native"} if ("native-server", "plain") not in have else {}
+    rows = aggregate(labelled, cost_ratio=(costs or {}).get("cost_ratio"),
+                     verify_curve=(costs or {}).get("verify_curve_ms"), reference=reference)
+    rows.sort(key=lambda r: (mode_order.get(r["mode"], 99), eng_order.get(r["engine"], 99)))
+    cat_tps = per_group_tps(labelled, lambda r: (r.engine, r.mode, r.category))
+    prompt_tps = per_group_tps(labelled, lambda r: (r.engine, r.mode, r.prompt_id))
+    return {
+        "row_modes": row_modes,
+        "rows": rows,
+        "per_category": [{"engine": k[0], "mode": k[1], "category": k[2], "decode_tps_median": v} for k, v in cat_tps.items()],
+        "per_prompt": [{"engine": k[0], "mode": k[1], "prompt_id": k[2], "decode_tps_median": v} for k, v in prompt_tps.items()],
+    }
+
+
+def resummarise(report: dict) -> dict:
+    """Recompute rows and medians of a saved report from its runs (after a change of the analysis)."""
+    import dataclasses
+
+    from .modes import parse_modes
+
+    names = {f.name for f in dataclasses.fields(RunResult)}
+    results = [RunResult(**{k: v for k, v in d.items() if k in names}) for d in report["runs"]]
+    modes = parse_modes(report["settings"]["modes"])
+    out = dict(report)
+    out.update(summarise(results, modes, report["settings"]["engines"], report.get("costs")))
+    return out
 
 
 def _reference_name(cfg: BenchConfig) -> str:

@@ -155,6 +155,12 @@ def render_markdown(report: dict) -> str:
     out.append("## Decode speed and acceptance\n")
     out.append(_md_table(COLUMNS, [[row_cells(r)[c] for c in COLUMNS] for r in report["rows"]]))
     out.append("")
+    if any(m.endswith(" cold") for m in row_modes(report)):
+        out.append("**cold / warm**: ngram-mod keeps its n-gram pool across requests (llama-server does the same), so "
+                   "after the first repeat it has already seen each prompt and its continuation and drafts it whole. "
+                   "*cold* = first repeat only (the pool holds the earlier prompts of the run, not this one: what a "
+                   "new prompt sees); *warm* = later repeats (the same prompt again). Read the cold row for new "
+                   "prompts.\n")
     out.append("tok/s: decode tokens per second, median over repeats of each repeat's total over all prompts (min–max "
                "across repeats); prompt ms: median prompt time per prompt; acc rate = accepted / drafted; mean len = 1 + "
                "accepted / verification steps; a = per-token acceptance that reproduces the mean length for the mean "
@@ -238,8 +244,12 @@ def render_markdown(report: dict) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def row_modes(report: dict) -> list[str]:
+    return report.get("row_modes") or report["settings"]["modes"]
+
+
 def _row_order(report: dict, key: tuple[str, str]) -> tuple[int, int]:
-    modes = report["settings"]["modes"]
+    modes = row_modes(report)
     engines = report["settings"]["engines"]
     e, m = key
     return (modes.index(m) if m in modes else 99, engines.index(e) if e in engines else 99)
@@ -285,7 +295,7 @@ def plot_png(report: dict, path: str | os.PathLike) -> None:
 
     rows = report["rows"]
     engines = [e for e in report["settings"]["engines"] if any(r["engine"] == e for r in rows)]
-    modes = [m for m in report["settings"]["modes"] if any(r["mode"] == m for r in rows)]
+    modes = [m for m in row_modes(report) if any(r["mode"] == m for r in rows)]
     by = {(r["engine"], r["mode"]): r for r in rows}
     colors = {"llamaspec": "#1f77b4", "native": "#ff7f0e", "native-server": "#d62728", "llama-cpp-python": "#2ca02c"}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.15]})
