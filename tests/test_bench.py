@@ -334,7 +334,8 @@ def test_bench_quick_smoke(tmp_path):
     assert r.exit_code == 0, r.output
     rep = json.loads(js.read_text())
     rows = {(x["engine"], x["mode"]): x for x in rep["rows"]}
-    for mode in ("plain", "draft-simple", "ngram-mod", "ngram-simple", "ngram-map-k"):
+    assert rep["row_modes"] == ["plain", "draft-simple", "ngram-mod cold", "ngram-simple", "ngram-map-k", "lookup:10"]
+    for mode in ("plain", "draft-simple", "ngram-mod cold", "ngram-simple", "ngram-map-k"):
         row = rows[("llamaspec", mode)]
         assert row["n_runs"] == 3 and row["n_errors"] == 0 and row["decode_tps"]["median"] > 0
     assert rows[("llama-cpp-python", "plain")]["n_runs"] == 3
@@ -348,7 +349,7 @@ def test_bench_quick_smoke(tmp_path):
     native_built = ("native", "plain") in rows
     if native_built:
         assert rows[("llamaspec", "plain")]["ratio_llamaspec_native"] is not None
-        assert rows[("native", "ngram-mod")]["tool"] == "llama-server"
+        assert rows[("native", "ngram-mod cold")]["tool"] == "llama-server"
         # identical token streams through llama-server give identical drafted/accepted/step counts
         server = [p for p in rep["equality"]["stats_parity"] if p["native_tool"] == "llama-server"]
         assert server and all(p["match"] for p in server), server
@@ -365,6 +366,7 @@ def test_bench_skips_native_when_not_built(tmp_path):
     assert r.exit_code == 0, r.output
     rep = json.loads(js.read_text())
     assert {x["engine"] for x in rep["rows"]} == {"llamaspec"}
+    assert {x["mode"] for x in rep["rows"]} == {"plain", "ngram-mod cold"}
     assert any("not built" in n for n in rep["notes"])
     assert rep["costs"] is None
 
@@ -377,3 +379,23 @@ def test_bench_usage_errors(tmp_path):
     r = CliRunner().invoke(__import__("cli.main", fromlist=["main"]).main,
                            ["bench", "--quick", "--json", str(tmp_path / "no" / "x.json")])
     assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_bench_from_json_rerenders(tmp_path):
+    js, js2, md = tmp_path / "b.json", tmp_path / "c.json", tmp_path / "c.md"
+    assert _invoke(["--quick", "--no-progress", "--engines", "llamaspec", "--modes", "plain,ngram-mod", "--repeats", "2",
+                    "--no-costs", "--json", str(js)]).exit_code == 0
+    rep = json.loads(js.read_text())
+    assert rep["row_modes"] == ["plain", "ngram-mod cold", "ngram-mod warm"]
+    r = _invoke(["--from-json", str(js), "--json", str(js2), "--markdown", str(md)])
+    assert r.exit_code == 0, r.output
+    rep2 = json.loads(js2.read_text())
+    # the saved runs carry rounded times: the same rows up to rounding
+    assert [(x["engine"], x["mode"]) for x in rep2["rows"]] == [(x["engine"], x["mode"]) for x in rep["rows"]]
+    for a, b in zip(rep["rows"], rep2["rows"]):
+        assert b["decode_tps"]["median"] == pytest.approx(a["decode_tps"]["median"], rel=1e-3)
+        assert b["spec"] == a["spec"]
+    assert "ngram-mod warm" in md.read_text() and "cold / warm" in md.read_text()
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1]")
+    assert _invoke(["--from-json", str(bad)]).exit_code == 2
