@@ -299,27 +299,24 @@ def plot_png(report: dict, path: str | os.PathLike) -> None:
     by = {(r["engine"], r["mode"]): r for r in rows}
     colors = {"llamaspec": "#1f77b4", "native": "#ff7f0e", "native-server": "#d62728", "llama-cpp-python": "#2ca02c"}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.15]})
-    width = 0.8 / max(1, len(engines))
 
     def bars(ax, mode_list, value: Callable, err: Callable | None, fmt: str):
-        for j, e in enumerate(engines):
-            xs, ys, lo, hi = [], [], [], []
-            for i, m in enumerate(mode_list):
-                r = by.get((e, m))
-                v = value(r) if r else None
-                if v is None:
-                    continue
-                xs.append(i + (j - (len(engines) - 1) / 2) * width)
-                ys.append(v)
+        """Per mode, the bars of the engines that ran it, side by side and centred on the tick."""
+        seen: set[str] = set()
+        for i, m in enumerate(mode_list):
+            present = [(e, by[(e, m)]) for e in engines if (e, m) in by and value(by[(e, m)]) is not None]
+            w = 0.8 / max(1, len(present))
+            for j, (e, r) in enumerate(present):
+                v = value(r)
+                x = i + (j - (len(present) - 1) / 2) * w
+                yerr = None
                 if err:
                     a, b = err(r)
-                    lo.append(max(0.0, v - a))
-                    hi.append(max(0.0, b - v))
-            if not xs:
-                continue
-            ax.bar(xs, ys, width * 0.95, label=e, color=colors.get(e), yerr=[lo, hi] if err else None, capsize=2)
-            for x, y in zip(xs, ys):
-                ax.annotate(fmt.format(y), (x, y), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+                    yerr = [[max(0.0, v - a)], [max(0.0, b - v)]]
+                ax.bar([x], [v], w * 0.92, color=colors.get(e), yerr=yerr, capsize=2, label=None if e in seen else e)
+                seen.add(e)
+                ax.annotate(fmt.format(v), (x, v), ha="center", va="bottom", fontsize=6.5, xytext=(0, 2),
+                            textcoords="offset points")
         ax.set_xticks(range(len(mode_list)))
         ax.set_xticklabels(mode_list, rotation=20, ha="right", fontsize=8)
 
