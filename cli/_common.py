@@ -6,7 +6,6 @@ import logging
 import sys
 from typing import Callable
 
-import click
 from rich.console import Console
 
 from llamaspec.errors import LlamaSpecError

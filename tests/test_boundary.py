@@ -119,7 +119,6 @@ def test_state_round_trip(tiny_model, kind):
     with L.Model(tiny_model(kind)) as m, L.Context(m, n_ctx=64, n_batch=16) as ctx:
         prefix = [5, 9, 13, 17, 21]
         ctx.decode_tokens(prefix, 0, 0)
-        ref = ctx.logits(len(prefix) - 1).copy()
         flags = L.STATE_FLAGS_PARTIAL_ONLY
         data = ctx.state_seq_get(0, flags)
         assert len(data) == ctx.state_seq_size(0, flags) > 0

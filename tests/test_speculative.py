@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llamaspec import _llama as L
-from llamaspec.drafters.base import DraftParams, Drafter
+from llamaspec.drafters.base import Drafter
 from llamaspec.engine import Engine, SlotState
 from llamaspec.errors import ModelFormatError, UsageError, VocabMismatchError
 from llamaspec.params import SpecParams
@@ -88,7 +88,7 @@ def test_draft_equals_target_accepts_everything(tiny_model):
     with Engine(tiny_model("llama"), draft=tiny_model("llama"), spec=spec(4), n_ctx=256, **EXACT) as e:
         r = e.generate(PROMPTS[0], n_predict=N)
     assert r.stats.n_drafted > 0 and r.stats.n_accepted == r.stats.n_drafted
-    assert all(r.drafted_mask[1:]) is False or sum(r.drafted_mask) == r.stats.n_accepted
+    assert sum(r.drafted_mask) == r.stats.n_accepted  # the emitted tokens that came from drafts
 
 
 def test_memory_invariant_every_round(tiny_model):
@@ -173,7 +173,7 @@ def test_statistics_equal_hand_count(tiny_model, plain, kind):
     assert ds.n_gen_drafts == n_drafts and ds.n_call_accept == n_drafts  # a replay is not a new draft
     assert ds.n_acc_drafts == sum(1 for g, b in plan if g > 0) == 4
     assert ds.n_acc_tokens_per_pos == [4, 3, 2, 1]
-    assert st.n_verif_steps == n_drafts + (N - 1 - sum(g for g, _ in plan) - n_drafts) * 0 + 0 or st.n_verif_steps >= n_drafts
+    assert st.n_verif_steps == n_drafts  # replay rounds are not extra verification steps
     if kind == "mamba":  # FULL: every partially accepted draft was restored and replayed
         assert st.n_restores == st.n_replays == partial
     else:

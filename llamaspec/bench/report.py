@@ -3,28 +3,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from pathlib import Path
 from typing import Callable
 
+from .._io import write_atomic  # noqa: F401  (re-exported for callers of report.write_atomic)
 from .prompts import CATEGORIES
-
-
-def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write to a temporary file in the same folder, then rename it over ``path``."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def write_json(report: dict, path: str | os.PathLike) -> None:

@@ -39,7 +39,6 @@ Opt-in fixes (constructor keywords, default False = llama.cpp; ``fix_quirks=True
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import replace
 from itertools import repeat
 from pathlib import Path
@@ -50,6 +49,7 @@ import numpy as np
 from ..errors import UsageError
 from ..params import NGRAM_CACHE_N_DRAFT, NgramCacheParams
 from ._ngram_util import tail_list
+from .._io import write_atomic
 from .base import DraftParams, Drafter
 
 NGRAM_MIN = 1
@@ -205,19 +205,7 @@ def cache_to_bytes(cache: Cache) -> bytes:
 
 def save_cache(cache: Cache, path: str | os.PathLike) -> None:
     """Write ``cache`` to ``path`` in llama.cpp's format (atomically: a temporary file is renamed)."""
-    data = cache_to_bytes(cache)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=str(path.parent) or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, cache_to_bytes(cache))
 
 
 def cache_from_bytes(data: bytes, what: str = "cache") -> Cache:
