@@ -13,6 +13,9 @@ _OPTIONS = [
     click.option("--spec-draft-n-max", type=int, default=None, help="Max drafted tokens per round (draft models; default 3)."),
     click.option("--spec-draft-n-min", type=int, default=None, help="Min drafted tokens, shorter drafts are dropped (default 0)."),
     click.option("--spec-draft-p-min", "--draft-p-min", type=float, default=None, help="Stop drafting below this draft probability (default 0)."),
+    click.option("--spec-draft-reuse-kv", is_flag=True,
+                 help="Beyond llama.cpp: keep the draft's own KV instead of re-decoding each verified batch in the "
+                      "draft model (draft-simple; ~10% faster on Gemma-270M; drafts may differ from llama.cpp's)."),
     click.option("--spec-synth-len", type=str, default=None, help="Synthetic acceptance: mean accepted length (benchmarks only)."),
     click.option("--spec-synth-rates", type=str, default=None, help="Synthetic acceptance: comma list of per-position rates (benchmarks only)."),
     click.option("--verify", "verify", type=click.Choice(["match", "rejection"]), default="match", show_default=True,
@@ -29,7 +32,7 @@ def spec_options(f):
 
 
 def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max, spec_draft_n_min, spec_draft_p_min,
-                      spec_synth_len, spec_synth_rates, verify, **extra):
+                      spec_synth_len, spec_synth_rates, verify, spec_draft_reuse_kv=False, **extra):
     """SpecParams from the flags, validated with llama.cpp's rules and clear messages."""
     from llamaspec.errors import UsageError
     from llamaspec.params import SpecParams
@@ -52,6 +55,7 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
         if not 0.0 <= spec_draft_p_min <= 1.0:
             raise UsageError(f"--spec-draft-p-min must be in [0, 1], got {spec_draft_p_min}")
         p.draft.p_min = spec_draft_p_min
+    p.draft.reuse_kv = bool(spec_draft_reuse_kv)
     if spec_synth_len is not None or spec_synth_rates is not None:
         from llamaspec.synth import parse_synth_len, parse_synth_rates
 

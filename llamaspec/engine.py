@@ -150,6 +150,15 @@ class Engine:
         except BaseException:
             self.close()
             raise
+        # draft-KV reuse (beyond llama.cpp) only where the draft memory can be trimmed afterwards
+        self._keep_draft_kv = False
+        for d in (self.chain.impls if self.chain else []):
+            if getattr(d, "reuse_kv", False):
+                if self.dft_level is Level.PART:
+                    self._keep_draft_kv = True
+                else:
+                    d.reuse_kv = False
+                    log.info("draft KV reuse needs a trimmable (PART) draft memory; using llama.cpp's re-decode")
         self.rb_tgt: Rollback = rollback_for(self.tgt_level, self.ctx)
         self.rb_dft: Rollback | None = rollback_for(self.dft_level, self.ctx_dft) if self.ctx_dft else None
         self.vocab = self.model.vocab
@@ -387,7 +396,8 @@ class Engine:
             if self.ctx_dft is not None:
                 if self.dft_level is Level.FULL:
                     s.spec_ckpt.load_dft(self.ctx_dft, s.seq_id)
-                self.rb_dft.trim(s.seq_id, s.spec_ckpt.pos_max + 1)
+                if not self._keep_draft_kv:
+                    self.rb_dft.trim(s.seq_id, s.spec_ckpt.pos_max + 1)
             if s.spec_draft and self.rb_tgt.needs_checkpoint(len(s.spec_draft)):
                 s.spec_ckpt.update_tgt(self.ctx, s.seq_id)
                 s.stats.n_checkpoints += 1

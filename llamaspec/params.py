@@ -91,6 +91,9 @@ class DraftModelParams:
     n_min: int = 0
     p_min: float = 0.0
     p_split: float = 0.1  # unused by the chain (llama.cpp keeps it for examples/speculative)
+    #: beyond llama.cpp: keep what drafting decoded in the draft context instead of re-decoding the
+    #: verification batch (llama.cpp's TAG_SPEC_AVOID_DRAFT_REEVAL); off = llama.cpp's behaviour
+    reuse_kv: bool = False
 
 
 @dataclass

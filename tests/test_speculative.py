@@ -290,3 +290,34 @@ def test_rejection_with_grammar_falls_back_to_match(tiny_model):
     with Engine(tiny_model("llama"), n_ctx=256, **EXACT) as e:
         b = e.generate(PROMPTS[0], n_predict=24, sampling=L.SamplingParams(temp=0.8, seed=3, repeat_penalty=1.1)).tokens
     assert a == b  # sample-and-match with the same seed equals plain sampling
+
+
+@pytest.mark.parametrize("n_parallel", [1, 4])
+def test_draft_kv_reuse_keeps_output_and_skips_reeval(tiny_model, plain, n_parallel):
+    """Beyond llama.cpp: with reuse_kv the draft context keeps what drafting decoded; the target output is
+    unchanged and the draft context ends every round holding exactly the committed tokens."""
+    p = spec(4)
+    p.draft.reuse_kv = True
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=p, n_ctx=256, n_parallel=n_parallel,
+                **EXACT) as e:
+        assert e._keep_draft_kv
+        if n_parallel == 1:
+            slot = e.submit(PROMPTS[0], n_predict=N)
+            out = []
+            while slot.state is not SlotState.DONE:
+                for ch in e.step():
+                    out += ch.tokens
+                if slot.state is SlotState.GENERATING:
+                    assert e.ctx_dft.memory.pos_max(0) == slot.n_past - 1
+            assert out == plain("llama")
+        else:
+            rs = e.generate_many(PROMPTS, n_predict=N)
+            assert [r.tokens for r in rs] == [plain("llama", i) for i in range(4)]
+
+
+def test_draft_kv_reuse_off_for_full_draft_memory(tiny_model, plain):
+    p = spec(3)
+    p.draft.reuse_kv = True
+    with Engine(tiny_model("mamba"), draft=tiny_model("mamba-draft"), spec=p, n_ctx=256, **EXACT) as e:
+        assert not e._keep_draft_kv and not e.chain.impls[0].reuse_kv
+        assert e.generate(PROMPTS[0], n_predict=N).tokens == plain("mamba")

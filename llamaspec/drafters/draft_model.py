@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import _llama as L
-from ..errors import DecodeError, UsageError, VocabMismatchError
+from ..errors import DecodeError, LlamaSpecError, UsageError, VocabMismatchError
 from ..params import DraftModelParams
 from ..vocab import check_vocab_compat, incompatibility_message, is_compatible
 from .base import DraftParams, Drafter
@@ -80,6 +80,9 @@ class DraftSimple(Drafter):
         self.ctx_dft = ctx_dft
         self.n_max = params.n_max
         self._sample: list[_SampleCfg | None] = [None] * n_seq
+        #: with ``reuse_kv``: per seq, (pos0, tokens decoded in the draft context by the last draft())
+        self.reuse_kv = params.reuse_kv
+        self._decoded: list[tuple[int, list[int]] | None] = [None] * n_seq
         sup = ctx_dft.model.vocab.suppress_tokens
         self._suppress = np.array(sup, dtype=np.int64) if sup else None
 
@@ -122,9 +125,48 @@ class DraftSimple(Drafter):
         return tok, float(q[tok])
 
     # -- protocol ---------------------------------------------------------------------------------
+    def keeps_draft_kv(self) -> bool:
+        """Whether the engine must leave drafted tokens in the draft context (``reuse_kv``)."""
+        return self.reuse_kv
+
+    def _skip_decoded(self, rows: Sequence[L.Row]) -> list[L.Row]:
+        """``reuse_kv``: drop the leading rows of each seq that drafting already decoded at the same positions
+        (the verification batch starts with ``id_last`` at ``pos0``, then the draft); whatever drafting decoded
+        beyond the matching prefix is removed from the draft context before the rest is decoded."""
+        out: list[L.Row] = []
+        i, n = 0, len(rows)
+        while i < n:
+            seq = rows[i].seq_id
+            j = i
+            while j < n and rows[j].seq_id == seq:
+                j += 1
+            group = rows[i:j]
+            k = 0
+            dec = self._decoded[seq]
+            if dec is not None:
+                pos0, toks = dec
+                if group[0].pos == pos0:
+                    while k < len(group) and k < len(toks) and group[k].token == toks[k] and group[k].pos == pos0 + k:
+                        k += 1
+                if not self.ctx_dft.memory.seq_rm(seq, pos0 + k, -1):
+                    raise LlamaSpecError(f"draft-simple: could not trim the draft context of seq {seq} at {pos0 + k}")
+                self._decoded[seq] = None
+            out.extend(group[k:])
+            i = j
+        for seq, dec in enumerate(self._decoded):  # drafted but not in this batch: drop what drafting added
+            if dec is not None:
+                if not self.ctx_dft.memory.seq_rm(seq, dec[0], -1):
+                    raise LlamaSpecError(f"draft-simple: could not trim the draft context of seq {seq} at {dec[0]}")
+                self._decoded[seq] = None
+        return out
+
     def process(self, rows: Sequence[L.Row]) -> bool:
         if not rows:
             return True
+        if self.reuse_kv and any(d is not None for d in self._decoded):
+            rows = self._skip_decoded(rows)
+            if not rows:
+                return True
         n = len(rows)
         mirrored = [L.Row(r.token, r.pos, r.seq_id, i == n - 1) for i, r in enumerate(rows) if r.token is not None]
         if not mirrored:
@@ -152,6 +194,9 @@ class DraftSimple(Drafter):
         except DecodeError as e:
             log.warning("draft-simple: draft decode failed: %s", e)
             return
+        if self.reuse_kv:
+            for s in active:
+                self._decoded[s] = (params[s].pos0, [params[s].id_last])
         p_min = self.params.p_min
         i = 0
         while True:
@@ -176,6 +221,9 @@ class DraftSimple(Drafter):
             except DecodeError as e:
                 log.warning("draft-simple: draft decode failed: %s", e)
                 break
+            if self.reuse_kv:
+                for r in next_rows:
+                    self._decoded[r.seq_id][1].append(r.token)
             active = next_active
             i += 1
         n_min = self.params.n_min
