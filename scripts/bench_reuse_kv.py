@@ -3,7 +3,8 @@
 
     python scripts/bench_reuse_kv.py
 """
-import time
+import statistics
+
 from llamaspec.engine import Engine
 from llamaspec.params import SpecParams
 from llamaspec.models import resolve_model
@@ -22,6 +23,5 @@ for rep in range(2):
             res[reuse].append((r.stats.decode_tokens_per_second, r.stats.n_drafted, r.stats.n_accepted))
             toks.setdefault((reuse,p),r.tokens)
 for k,v in res.items():
-    import statistics
     print("reuse" if k else "llama.cpp re-eval", "median tok/s %.2f" % statistics.median(x[0] for x in v), "drafted", sum(x[1] for x in v), "accepted", sum(x[2] for x in v))
 print("same tokens:", all(toks[(False,p)]==toks[(True,p)] for p in prompts))
