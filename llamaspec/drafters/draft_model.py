@@ -182,21 +182,32 @@ class DraftSimple(Drafter):
             return False
         return True
 
+    def _decode_step(self, rows: list[L.Row]) -> bool:
+        """One drafting decode; with ``reuse_kv`` remember what now sits in the draft context per seq."""
+        try:
+            self.ctx_dft.decode(rows)
+        except DecodeError as e:
+            log.warning("draft-simple: draft decode failed: %s", e)
+            return False
+        if self.reuse_kv:
+            for r in rows:
+                dec = self._decoded[r.seq_id]
+                if dec is None:
+                    self._decoded[r.seq_id] = (r.pos, [r.token])
+                else:
+                    dec[1].append(r.token)
+        return True
+
     def draft(self, params: Sequence[DraftParams]) -> None:
         ctx = self.ctx_dft
         active = [s for s, dp in enumerate(params) if dp.drafting]
         if not active:
             return
         requested = list(active)
-        rows = [L.Row(params[s].id_last, params[s].pos0, s, True) for s in active]
-        try:
-            ctx.decode(rows)
-        except DecodeError as e:
-            log.warning("draft-simple: draft decode failed: %s", e)
+        for s in active:
+            self._decoded[s] = None
+        if not self._decode_step([L.Row(params[s].id_last, params[s].pos0, s, True) for s in active]):
             return
-        if self.reuse_kv:
-            for s in active:
-                self._decoded[s] = (params[s].pos0, [params[s].id_last])
         p_min = self.params.p_min
         i = 0
         while True:
@@ -214,16 +225,8 @@ class DraftSimple(Drafter):
                     continue
                 next_rows.append(L.Row(tok, dp.pos0 + i + 1, s, True))
                 next_active.append(s)
-            if not next_rows:
+            if not next_rows or not self._decode_step(next_rows):
                 break
-            try:
-                ctx.decode(next_rows)
-            except DecodeError as e:
-                log.warning("draft-simple: draft decode failed: %s", e)
-                break
-            if self.reuse_kv:
-                for r in next_rows:
-                    self._decoded[r.seq_id][1].append(r.token)
             active = next_active
             i += 1
         n_min = self.params.n_min
