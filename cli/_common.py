@@ -1,14 +1,18 @@
 """Shared CLI plumbing: consoles, logging, error handling, model resolution."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from rich.console import Console
 
 from llamaspec.errors import LlamaSpecError
+
+if TYPE_CHECKING:
+    from llamaspec.models import ProgressFn
 
 # stdout carries only generated text / machine output; everything for humans goes to stderr
 err_console = Console(stderr=True, highlight=False)
@@ -89,32 +93,34 @@ def resolve_model_arg(name: str | None, cache_dir: str | None = None) -> str:
     """Model name from models.toml, or a path; fetched with a progress bar when needed."""
     from llamaspec import models
 
-    with _Progress() as prog:
-        path = models.resolve_model(name, cache_dir=cache_dir, progress=prog)
+    with progress_bar() as progress:
+        path = models.resolve_model(name, cache_dir=cache_dir, progress=progress)
     return str(path)
 
 
-class _Progress:
-    """Adapter from the library's progress callback to a rich progress bar on stderr (created lazily)."""
+@contextlib.contextmanager
+def progress_bar(console: Optional[Console] = None) -> Iterator[ProgressFn]:
+    """A ``progress(stage, done, total)`` callback (``llamaspec.models.ProgressFn``) drawing one rich bar
+    per stage on stderr. The bar appears on the first report only, so nothing is drawn when the model
+    is already cached.
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    def __init__(self):
-        self._p = None
-        self._tasks: dict[str, int] = {}
+    bar: Optional[Progress] = None
+    tasks: dict[str, Any] = {}
 
-    def __enter__(self):
-        return self
+    def callback(stage: str, done: int, total: Optional[int]) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                           TransferSpeedColumn(), TimeRemainingColumn(), console=console or err_console, transient=False)
+            bar.start()
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(stage, total=total)
+        bar.update(tasks[stage], completed=done, total=total)
 
-    def __call__(self, stage: str, done: int, total: int | None) -> None:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-        if self._p is None:
-            self._p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                               console=err_console, transient=False)
-            self._p.start()
-        if stage not in self._tasks:
-            self._tasks[stage] = self._p.add_task(stage, total=total)
-        self._p.update(self._tasks[stage], completed=done, total=total)
-
-    def __exit__(self, *exc):
-        if self._p is not None:
-            self._p.stop()
+    try:
+        yield callback
+    finally:
+        if bar is not None:
+            bar.stop()

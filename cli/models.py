@@ -3,65 +3,22 @@
 Registered into the main group by cli/main.py (``main.add_command(models)``). Errors are raised as
 llamaspec errors; the main group turns them into one red line and an exit code.
 
-``progress_bar()`` is also meant for other commands that resolve a model (first use fetches it):
-
-    with progress_bar() as progress:
-        path = resolve_model(name, progress=progress)
+Fetching shows ``_common.progress_bar()``, the bar every command that resolves a model uses.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import click
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 
 from llamaspec import models as M
 from llamaspec.errors import FetchError
 
-from ._common import err_console, handle_errors
-
-
-@contextlib.contextmanager
-def progress_bar(console: Optional[Console] = None) -> Iterator[M.ProgressFn]:
-    """A ``progress(stage, done, total)`` callback drawing one rich bar per stage on stderr.
-
-    The bar appears on the first report only, so nothing is drawn when the model is already cached.
-    """
-    console = console or err_console
-    state: dict[str, Any] = {"bar": None}
-    tasks: dict[str, TaskID] = {}
-
-    def callback(stage: str, done: int, total: Optional[int]) -> None:
-        bar = state["bar"]
-        if bar is None:
-            bar = state["bar"] = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-                TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=False,
-            )
-            bar.start()
-        tid = tasks.get(stage)
-        if tid is None:
-            tid = tasks[stage] = bar.add_task(stage, total=total)
-        bar.update(tid, completed=done, total=total)
-
-    try:
-        yield callback
-    finally:
-        if state["bar"] is not None:
-            state["bar"].stop()
+from ._common import err_console, handle_errors, progress_bar
 
 
 def _registry(ctx: click.Context) -> M.Registry:

