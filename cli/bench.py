@@ -77,10 +77,9 @@ def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, 
     for p, flag in ((json_path, "--json"), (md_path, "--markdown"), (plot_path, "--plot")):
         check_output_path(p, flag)
     if plot_path:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
+        from llamaspec.bench.report import require_matplotlib
+
+        require_matplotlib()
     if from_json:
         import json
         from pathlib import Path

@@ -5,6 +5,8 @@ from __future__ import annotations
 import doctest
 import importlib
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -307,6 +309,27 @@ def test_rich_table_and_plot(tmp_path):
     out = tmp_path / "p.png"
     R.plot_png(rep, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_matplotlib_is_optional(tmp_path, monkeypatch):
+    """Without matplotlib the package and the CLI import and run; asking for a PNG says how to get it."""
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "import llamaspec, llamaspec.bench, llamaspec.bench.report, cli.bench\n"
+            "from click.testing import CliRunner\n"
+            "from cli.main import main\n"
+            "r = CliRunner().invoke(main, ['bench', '--help'])\n"
+            "assert r.exit_code == 0, r.output\n"
+            "assert not any(m.startswith('matplotlib.') for m in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    out = tmp_path / "p.png"
+    with pytest.raises(UsageError, match=r"install llamaspec\[plot\]") as ei:
+        R.plot_png(_fake_report(), out)
+    assert "\n" not in str(ei.value) and not out.exists()
+    r = _invoke(["--quick", "--no-progress", "--plot", str(out)])
+    assert r.exit_code == 2 and "install llamaspec[plot]" in r.output and "Traceback" not in r.output
+    assert not out.exists()
 
 
 def test_write_atomic(tmp_path):

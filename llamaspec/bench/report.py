@@ -6,6 +6,7 @@ import os
 from typing import Callable
 
 from .._io import write_atomic  # noqa: F401  (re-exported for callers of report.write_atomic)
+from ..errors import UsageError
 from .prompts import CATEGORIES
 
 
@@ -266,10 +267,19 @@ def rich_table(report: dict):
 # -------------------------------------------------------------------------------------------------
 
 
+def require_matplotlib() -> None:
+    """UsageError (one line) unless matplotlib, an optional dependency, can be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("PNG plots need matplotlib: install llamaspec[plot] (pip install 'llamaspec[plot]')") from None
+
+
 def plot_png(report: dict, path: str | os.PathLike) -> None:
     """Speedup over plain by mode and engine (left) and decode tokens/s with min–max whiskers (right)."""
     import io
 
+    require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
