@@ -160,7 +160,9 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
         out.flush()
         stats = _collect_stats(eng, path, dpath, results)
         if stats_json:
-            Path(stats_json).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+            from llamaspec._io import write_atomic
+
+            write_atomic(stats_json, json.dumps(stats, indent=2) + "\n")
         if not quiet:
             _print_stats(eng, stats)
 
