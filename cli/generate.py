@@ -92,6 +92,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
     target verifies them in one batch. Greedy output is the same as without speculation.
     """
     from llamaspec import _llama as L
+    from llamaspec.chat import apply_chat_template
     from llamaspec.engine import Engine
     from llamaspec.errors import UsageError
 
@@ -129,7 +130,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
         def encode(text: str) -> list[int]:
             if chat:
                 msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": text}]
-                return eng.tokenize(eng.model.apply_chat_template(msgs), add_special=True, parse_special=True)
+                return eng.tokenize(apply_chat_template(eng.model, msgs), add_special=True, parse_special=True)
             return eng.tokenize(text)
 
         token_lists = [encode(p) for p in prompts]

@@ -1,11 +1,26 @@
 """The ctypes boundary (llamaspec._llama) on tiny models: return codes, output-limit guard, state."""
 from __future__ import annotations
 
+import gc
+import threading
+import weakref
+
 import numpy as np
 import pytest
+from llama_cpp import llama_cpp as native
 
 from llamaspec import _llama as L
-from llamaspec.errors import ContextError, DecodeError, ModelFormatError, OutputLimitError, SamplerError, StateError
+from llamaspec.chat import apply_chat_template
+from llamaspec.errors import (
+    ContextError,
+    DecodeError,
+    LlamaSpecError,
+    ModelFormatError,
+    OutputLimitError,
+    SamplerError,
+    StateError,
+    UsageError,
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +92,7 @@ def test_decode_errors(llama):
             ctx.decode([L.Row(64, 0, 0, True)])
         with pytest.raises(DecodeError, match="invalid sequence id"):
             ctx.decode([L.Row(1, 0, 1, True)])
-        with pytest.raises(OutputLimitError, match="n_batch"):
+        with pytest.raises(OutputLimitError, match="n_batch=4: raise the batch size .*--batch-size"):
             ctx.decode([L.Row(1, i, 0, False) for i in range(5)])
         with pytest.raises(DecodeError, match="no logits"):
             ctx.decode([L.Row(1, 0, 0, False)])
@@ -189,3 +204,208 @@ def test_log_routed_to_logging(tiny_model, caplog):
         with L.Model(tiny_model("llama")):
             pass
     assert any("llama" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------------------------------------------
+# lifetime: no reference cycles, native frees in a safe order, use after close raises
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def native_frees(monkeypatch):
+    """Record the order of ``llama_free`` / ``llama_model_free`` calls (the real frees still run)."""
+    gc.collect()  # earlier tests' garbage must not show up here
+    calls: list[str] = []
+    for name in ("llama_free", "llama_model_free"):
+        real = getattr(native, name)
+
+        def wrapper(ptr, _real=real, _name=name):
+            calls.append(_name)
+            return _real(ptr)
+
+        monkeypatch.setattr(native, name, wrapper)
+    return calls
+
+
+def test_dropped_without_close_no_cycle(tiny_model, native_frees):
+    """Model <-> Vocab and Context <-> Memory hold each other weakly: dropping the last reference frees
+    both at once (no gc needed), the context before the model."""
+    model = L.Model(tiny_model("llama"))
+    ctx = L.Context(model, n_ctx=64)
+    ctx.decode_tokens([5, 6, 7], 0, 0)
+    refs = [weakref.ref(x) for x in (model, model.vocab, ctx, ctx.memory)]
+    gc.disable()
+    try:
+        del model, ctx
+        assert [r() for r in refs] == [None] * 4  # refcounting alone freed them: no cycle
+        assert native_frees == ["llama_free", "llama_model_free"]
+    finally:
+        gc.enable()
+
+
+def test_cyclic_garbage_frees_context_first(tiny_model, native_frees):
+    """Held by a cycle, model and context are finalized by the gc in any order: the model's native free
+    still waits for the context."""
+    holder: list = []
+    holder.append(holder)
+    model = L.Model(tiny_model("llama"))
+    holder += [model, L.Context(model, n_ctx=64), L.Context(model, n_ctx=64)]
+    del model
+    del holder
+    gc.collect()
+    assert native_frees == ["llama_free", "llama_free", "llama_model_free"]
+
+
+def test_model_close_waits_for_its_contexts(tiny_model, native_frees):
+    model = L.Model(tiny_model("llama"))
+    ctx = L.Context(model, n_ctx=64)
+    model.close()
+    assert native_frees == []  # deferred: the context still uses the native model
+    with pytest.raises(LlamaSpecError, match="is closed"):
+        model.vocab.tokenize("hi")
+    with pytest.raises(LlamaSpecError, match="is closed"):
+        L.Context(model, n_ctx=64)
+    ctx.decode_tokens([5, 6, 7], 0, 0)  # the context itself still works
+    ctx.close()
+    assert native_frees == ["llama_free", "llama_model_free"]
+    model.close(), ctx.close()  # idempotent
+    assert native_frees == ["llama_free", "llama_model_free"]
+
+
+def test_grammar_sampler_keeps_its_model(tiny_model, native_frees):
+    model = L.Model(tiny_model("llama"))
+    s = L.Sampler.from_params(model.vocab, L.SamplingParams(temp=0, grammar='root ::= "a"'))
+    model.close()
+    assert native_frees == []
+    clone = s.clone()
+    s.close()
+    assert native_frees == []
+    clone.close()
+    assert native_frees == ["llama_model_free"]
+
+
+def test_context_use_after_close_raises(llama):
+    ctx = L.Context(llama, n_ctx=64)
+    ctx.decode_tokens([5, 6, 7], 0, 0)
+    data = ctx.state_seq_get(0)
+    memory = ctx.memory
+    ctx.close()
+    for call in (
+        lambda: ctx.decode([L.Row(5, 3, 0, True)]),
+        lambda: ctx.decode([]),
+        lambda: ctx.decode_tokens([5], 3, 0),
+        lambda: ctx.logits(2),
+        lambda: ctx.state_seq_size(0),
+        lambda: ctx.state_seq_get(0),
+        lambda: ctx.state_seq_set(0, data),
+        lambda: ctx.synchronize(),
+        lambda: memory.pos_max(0),
+        lambda: memory.pos_min(0),
+        lambda: memory.seq_rm(0, 0, -1),
+        lambda: memory.clear(),
+    ):
+        with pytest.raises(LlamaSpecError, match="is closed"):
+            call()
+    assert not ctx.ptr  # closed contexts stay falsy for `if ctx.ptr` checks
+
+
+def test_memory_of_a_dropped_context_raises(llama):
+    ctx = L.Context(llama, n_ctx=64)
+    memory = ctx.memory
+    del ctx
+    with pytest.raises(LlamaSpecError, match="is closed"):
+        memory.pos_max(0)
+
+
+def test_vocab_use_after_close_raises(tiny_model):
+    model = L.Model(tiny_model("llama"))
+    vocab = model.vocab
+    model.close()
+    for call in (
+        lambda: vocab.tokenize("hello"),
+        lambda: vocab.token_to_piece(5),
+        lambda: vocab.detokenize([5, 6]),
+        lambda: vocab.is_eog(5),
+        lambda: vocab.get_text(5),
+        lambda: vocab.suppress_tokens,
+        lambda: model.meta("general.architecture"),
+        lambda: L.model_target_layer_ids(model),
+    ):
+        with pytest.raises(LlamaSpecError, match="is closed"):
+            call()
+    model = None  # a vocabulary whose model is gone raises too
+    with pytest.raises(LlamaSpecError, match="is closed"):
+        vocab.tokenize("hello")
+
+
+def test_sampler_use_after_close_raises(llama):
+    with L.Context(llama, n_ctx=64) as ctx:
+        ctx.decode_tokens([5, 6, 7], 0, 0)
+        s = L.Sampler.from_params(llama.vocab, L.SamplingParams(temp=0))
+        s.close()
+        for call in (lambda: s.sample(ctx, 2), lambda: s.sample_no_accept(ctx, 2), lambda: s.accept(5),
+                     lambda: s.reset(), lambda: s.clone()):
+            with pytest.raises(LlamaSpecError, match="sampler is closed"):
+                call()
+        with L.Sampler.from_params(llama.vocab, L.SamplingParams(temp=0)) as live:
+            ctx2 = L.Context(llama, n_ctx=64)
+            ctx2.close()
+            with pytest.raises(LlamaSpecError, match="is closed"):
+                live.sample(ctx2, 0)
+
+
+def test_sample_row_without_logits_raises(llama):
+    """llama_sampler_sample asserts (aborts the process) on a row without logits: the boundary raises."""
+    with L.Context(llama, n_ctx=64) as ctx, L.Sampler.from_params(llama.vocab, L.SamplingParams(temp=0)) as s:
+        ctx.decode([L.Row(5, 0, 0, False), L.Row(6, 1, 0, True)])
+        for idx in (0, 2, 99):  # no output flag / past the batch
+            with pytest.raises(DecodeError, match=f"no logits for batch row {idx}"):
+                s.sample(ctx, idx)
+        assert s.sample(ctx, 1) == int(np.argmax(ctx.logits(1)))  # the sampler is still usable
+
+
+def test_detokenize_from_two_threads(llama):
+    vocab = llama.vocab
+    expected = [vocab.token_to_piece(t, special=True) for t in range(vocab.n_tokens)]
+    mismatches: list[tuple[int, bytes]] = []
+
+    def work(offset: int) -> None:
+        for i in range(3000):
+            t = (i * 7 + offset) % vocab.n_tokens
+            piece = vocab.token_to_piece(t, special=True)
+            if piece != expected[t]:
+                mismatches.append((t, piece))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not mismatches
+
+
+# ---------------------------------------------------------------------------------------------------
+# chat templates (llamaspec.chat)
+# ---------------------------------------------------------------------------------------------------
+
+MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+
+
+def test_chat_builtin_template(llama):
+    out = apply_chat_template(llama, MSGS, template="chatml")
+    assert out == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert not apply_chat_template(llama, MSGS, template="chatml", add_assistant=False).endswith("assistant\n")
+
+
+def test_chat_jinja_fallback(llama):
+    tmpl = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+    assert apply_chat_template(llama, MSGS, template=tmpl) == "[system]Be brief.[user]Hi[assistant]"
+    assert apply_chat_template(llama, MSGS, template=tmpl, add_assistant=False) == "[system]Be brief.[user]Hi"
+
+
+def test_chat_errors(llama):
+    if llama.chat_template() is None:
+        with pytest.raises(UsageError, match="no chat template"):
+            apply_chat_template(llama, MSGS)
+    with pytest.raises(UsageError, match="could not apply the chat template"):
+        apply_chat_template(llama, MSGS, template="{% for m in messages %}")

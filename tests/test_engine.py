@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from llamaspec import _llama as L
+from llamaspec.chat import apply_chat_template
 from llamaspec.engine import Engine, FinishReason, SlotState
 from llamaspec.errors import ContextOverflowError, UsageError
 
@@ -147,6 +148,6 @@ def test_real_stop_string_and_eog():
         res = eng.generate("1, 2, 3, 4,", n_predict=64, stop=[" 7"])
         assert res.finish_reason is FinishReason.STOP
         assert " 7" not in res.text and res.text.strip().startswith("5")
-        chat = eng.model.apply_chat_template([{"role": "user", "content": "Say hi."}])
+        chat = apply_chat_template(eng.model, [{"role": "user", "content": "Say hi."}])
         res = eng.generate(eng.tokenize(chat, parse_special=True), n_predict=200)
         assert res.finish_reason is FinishReason.STOP  # EOG reached

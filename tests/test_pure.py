@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamaspec._llama import SamplingParams, output_limits
+from llamaspec._llama import SamplingParams, chunks, output_limits
 from llamaspec.errors import UsageError
 from llamaspec.probe import expected_speedup, recommend_draft_length, relative_verify_cost
 from llamaspec.text import TextStream
@@ -22,6 +22,28 @@ from llamaspec.vocab import check_vocab_compat, incompatibility_message, is_comp
 )
 def test_output_limits(n_batch, n_parallel, n_draft, expected):
     assert output_limits(n_batch, n_parallel, n_draft) == expected
+
+
+@pytest.mark.parametrize(
+    "seq,size,expected",
+    [
+        ([1, 2, 3, 4, 5], 2, [[1, 2], [3, 4], [5]]),
+        ([1, 2, 3, 4], 2, [[1, 2], [3, 4]]),
+        ([1, 2, 3], 8, [[1, 2, 3]]),
+        ([1, 2, 3], 1, [[1], [2], [3]]),
+        ([], 4, []),
+        ((7, 8, 9), 2, [(7, 8), (9,)]),  # slices keep the sequence type
+        ("abcde", 3, ["abc", "de"]),
+    ],
+)
+def test_chunks(seq, size, expected):
+    assert list(chunks(seq, size)) == expected
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_chunks_size_checked_eagerly(size):
+    with pytest.raises(ValueError, match="chunk size must be >= 1"):
+        chunks([1, 2, 3], size)  # raises at the call, not at the first next()
 
 
 class TestTextStream:

@@ -1,0 +1,72 @@
+"""The ctypes boundary: the only package that imports ``llama_cpp``.
+
+Thin, owning wrappers over llama-cpp-python's low-level bindings. Every wrapper frees its native object
+in ``close()`` (also called by ``__exit__`` and, as a last resort, ``__del__``), every llama.cpp return
+code is checked and turned into a typed :mod:`llamaspec.errors` exception, and a call on a closed wrapper
+raises :class:`~llamaspec.errors.LlamaSpecError` instead of handing a NULL pointer to C.
+
+* :mod:`.log` - backend start-up, llama.cpp's log lines routed into ``logging``
+* :mod:`.model` - :class:`Model`, :class:`Vocab` (and the lifetime rules between the wrappers)
+* :mod:`.context` - :class:`Context`, :class:`Row`, :class:`Memory`, :func:`output_limits`, :func:`chunks`
+* :mod:`.sampler` - :class:`SamplingParams`, :class:`Sampler`
+* :mod:`.staging` - the staging (``llama-ext.h``) symbols, bound by exported name
+
+Callers use the package as one namespace (``from llamaspec import _llama as L; L.Context(...)``). Chat
+templates are rendered by :mod:`llamaspec.chat`.
+"""
+from __future__ import annotations
+
+from .context import (
+    CONTEXT_TYPE_DEFAULT,
+    CONTEXT_TYPE_MTP,
+    GGML_TYPE_F16,
+    GGML_TYPE_F32,
+    PROCESS_DECODE,
+    PROCESS_ENCODE,
+    STATE_FLAGS_NONE,
+    STATE_FLAGS_PARTIAL_ONLY,
+    Context,
+    ContextParams,
+    Memory,
+    Row,
+    chunks,
+    default_threads,
+    output_limits,
+)
+from .log import LLAMA_CPP_PYTHON_VERSION, backend_init, system_info
+from .model import TOKEN_NULL, Model, Vocab, render_builtin_chat_template
+from .sampler import DEFAULT_SEED, Sampler, SamplingParams
+from .staging import model_target_layer_ids, staging
+
+__all__ = [
+    "CONTEXT_TYPE_DEFAULT",
+    "CONTEXT_TYPE_MTP",
+    "DEFAULT_SEED",
+    "GGML_TYPE_F16",
+    "GGML_TYPE_F32",
+    "LLAMA_CPP_PYTHON_VERSION",
+    "PROCESS_DECODE",
+    "PROCESS_ENCODE",
+    "STATE_FLAGS_NONE",
+    "STATE_FLAGS_PARTIAL_ONLY",
+    "TOKEN_NULL",
+    "Context",
+    "ContextParams",
+    "Memory",
+    "Model",
+    "Row",
+    "Sampler",
+    "SamplingParams",
+    "Vocab",
+    "backend_init",
+    "chunks",
+    "default_threads",
+    "model_target_layer_ids",
+    "output_limits",
+    "render_builtin_chat_template",
+    "staging",
+    "system_info",
+]
+
+# doctest.testmod("llamaspec._llama") only looks at objects defined in this module: name the worked examples
+__test__ = {"chunks": chunks, "output_limits": output_limits}

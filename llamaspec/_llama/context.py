@@ -1,0 +1,388 @@
+"""Contexts: batch decode with the output-row guard, logits, sequence state and memory operations.
+
+Why the checks matter (spec §5.2): a decode whose output rows exceed the context's ``n_outputs_max``
+makes llama.cpp call ``GGML_ASSERT`` and abort the whole Python process. :meth:`Context.decode` counts
+output rows first and raises :class:`OutputLimitError` instead. Every call on a closed context raises
+:class:`LlamaSpecError` instead of handing a NULL pointer to C.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence, TypeVar
+
+import numpy as np
+from llama_cpp import llama_cpp as native
+
+from ..errors import ContextError, DecodeError, LlamaSpecError, OutputLimitError, StateError, UsageError
+from .log import _forget_native_errors, _last_native_error, backend_init
+from .model import Model, _Owned
+
+PROCESS_ENCODE = native.LLAMA_PROCESS_TYPE_ENCODE
+PROCESS_DECODE = native.LLAMA_PROCESS_TYPE_DECODE
+STATE_FLAGS_NONE = native.LLAMA_STATE_SEQ_FLAGS_NONE
+STATE_FLAGS_PARTIAL_ONLY = native.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+CONTEXT_TYPE_DEFAULT = getattr(native, "LLAMA_CONTEXT_TYPE_DEFAULT", 0)
+CONTEXT_TYPE_MTP = getattr(native, "LLAMA_CONTEXT_TYPE_MTP", 1)
+
+GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
+
+_SeqT = TypeVar("_SeqT", bound=Sequence)
+
+
+def chunks(seq: _SeqT, size: int) -> Iterator[_SeqT]:
+    """Consecutive slices of ``seq`` of ``size`` items (the last one may be shorter).
+
+    >>> list(chunks([1, 2, 3, 4, 5], 2))
+    [[1, 2], [3, 4], [5]]
+    >>> list(chunks([], 3))
+    []
+    >>> chunks([1], 0)
+    Traceback (most recent call last):
+    ValueError: chunk size must be >= 1, got 0
+    """
+    if size < 1:
+        raise ValueError(f"chunk size must be >= 1, got {size}")
+    return (seq[i : i + size] for i in range(0, len(seq), size))
+
+
+@dataclass
+class Row:
+    """One batch row: token (or None for an embedding-only row), position, sequence, output flag.
+
+    ``embd`` optionally carries an input embedding for the row (MTP / EAGLE-3 style drafters).
+    """
+
+    token: int | None
+    pos: int
+    seq_id: int
+    output: bool = False
+    embd: np.ndarray | None = None
+
+
+@dataclass
+class ContextParams:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    n_rs_seq: int = 0
+    n_outputs_max: int = 0  # 0 = n_batch (llama.cpp semantics)
+    n_outputs_max_per_seq: int = 0  # 0 = n_outputs_max
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    ctx_type: int = CONTEXT_TYPE_DEFAULT
+    flash_attn: bool | None = None  # None = auto
+    kv_f32: bool = False  # F32 KV cache (exactness tests); default F16
+    swa_full: bool = False
+    kv_unified: bool | None = None
+    embeddings: bool = False
+    no_perf: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover
+        return max(1, os.cpu_count() or 1)
+
+
+class Context(_Owned):
+    """A llama.cpp context with decode through ``llama_batch_ext`` + ``llama_process``.
+
+    ``decode(rows)`` validates the batch (capacity, output-row limit of spec §5.2, sequence ids) before
+    handing it to llama.cpp, so that no call can hit a native abort.
+    """
+
+    def __init__(self, model: Model, params: ContextParams | None = None, *, ctx_other: "Context | None" = None, **kw):
+        self.ptr = None
+        backend_init()
+        p = params or ContextParams()
+        for k, v in kw.items():
+            if not hasattr(p, k):
+                raise UsageError(f"unknown context parameter {k!r}")
+            setattr(p, k, v)
+        if p.n_ctx < 1 or p.n_batch < 1 or p.n_seq_max < 1:
+            raise UsageError(f"invalid context size: n_ctx={p.n_ctx}, n_batch={p.n_batch}, n_seq_max={p.n_seq_max}")
+        self.model = model  # the one strong edge between the wrappers: a context keeps its model alive
+        self.params = p
+        cp = native.llama_context_default_params()
+        cp.n_ctx = p.n_ctx
+        cp.n_batch = p.n_batch
+        cp.n_ubatch = min(p.n_ubatch, p.n_batch)
+        cp.n_seq_max = p.n_seq_max
+        cp.n_rs_seq = p.n_rs_seq
+        cp.n_outputs_max = p.n_outputs_max
+        cp.n_outputs_max_per_seq = p.n_outputs_max_per_seq
+        nt = p.n_threads or default_threads()
+        cp.n_threads = nt
+        cp.n_threads_batch = p.n_threads_batch or nt
+        cp.ctx_type = p.ctx_type
+        if p.flash_attn is not None:
+            cp.flash_attn_type = 1 if p.flash_attn else 0
+        if p.kv_f32:
+            cp.type_k = GGML_TYPE_F32
+            cp.type_v = GGML_TYPE_F32
+        cp.swa_full = p.swa_full
+        if p.kv_unified is not None:
+            cp.kv_unified = p.kv_unified
+        cp.embeddings = p.embeddings
+        cp.no_perf = p.no_perf
+        for k, v in p.extra.items():
+            setattr(cp, k, v)
+        if ctx_other is not None:
+            cp.ctx_other = ctx_other.live_ptr()
+        self._ctx_other = ctx_other
+        # n_seq_max rows are reserved on every decode: a context whose n_outputs_max is below that
+        # aborts inside llama_init_from_model already (spec §5.2), so refuse it here
+        eff_out = p.n_batch if (p.n_outputs_max == 0 or model.has_encoder) else p.n_outputs_max
+        if p.n_seq_max > eff_out:
+            raise ContextError(
+                f"n_seq_max={p.n_seq_max} exceeds n_outputs_max={eff_out}: llama.cpp would abort (spec §5.2); "
+                "raise n_outputs_max (see output_limits())"
+            )
+        model_ptr = model.live_ptr()
+        model._acquire()  # the native model must outlive this context (see _llama.model)
+        _forget_native_errors()
+        ptr = native.llama_init_from_model(model_ptr, cp)
+        if not ptr:
+            model._release()
+            why = _last_native_error("llama.cpp returned no context")
+            raise ContextError(f"could not create a context for {model.path.name} (n_ctx={p.n_ctx}, n_batch={p.n_batch}, n_seq_max={p.n_seq_max}): {why}")
+        self.ptr = ptr
+        self._holds_model = True
+        self.n_ctx: int = int(native.llama_n_ctx(ptr))
+        self.n_ctx_seq: int = int(native.llama_n_ctx_seq(ptr))
+        self.n_batch: int = int(native.llama_n_batch(ptr))
+        self.n_ubatch: int = int(native.llama_n_ubatch(ptr))
+        self.n_seq_max: int = int(native.llama_n_seq_max(ptr))
+        self.n_rs_seq: int = int(native.llama_n_rs_seq(ptr))
+        self.n_vocab: int = model.vocab.n_tokens
+        # effective output limits, computed exactly as llama-context.cpp does (spec §5.2)
+        if p.n_outputs_max == 0 or model.has_encoder:
+            self.n_outputs_max = self.n_batch
+        else:
+            self.n_outputs_max = p.n_outputs_max
+        self.n_outputs_max_per_seq = (
+            self.n_outputs_max if p.n_outputs_max_per_seq == 0 else min(p.n_outputs_max_per_seq, self.n_outputs_max)
+        )
+        self._batch = native.llama_batch_ext_init(ptr)
+        if not self._batch:
+            self.close()
+            raise ContextError("llama_batch_ext_init failed")
+        self._pos = (native.llama_pos * 4)()
+        self._mem = native.llama_get_memory(ptr)
+        self.memory = Memory(self) if self._mem else None
+        self.n_decodes = 0
+
+    # -- decode ---------------------------------------------------------------------------------
+    def check_outputs(self, n_outputs: int) -> None:
+        """Raise :class:`OutputLimitError` when a batch with ``n_outputs`` output rows would abort."""
+        need = max(n_outputs, self.n_seq_max)
+        if need > self.n_outputs_max:
+            raise OutputLimitError(
+                f"batch asks for {n_outputs} output rows (reserving {need}), but this context allows "
+                f"n_outputs_max={self.n_outputs_max}; llama.cpp would abort the process. Size the context "
+                "with output_limits() (spec §5.1)"
+            )
+
+    def decode(self, rows: Sequence[Row], *, kind: int = PROCESS_DECODE) -> None:
+        """Decode ``rows`` in one ``llama_process`` call. Output row i of the batch is addressed by its
+        batch index (``logits(i)``)."""
+        ptr = self.live_ptr()
+        n = len(rows)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise OutputLimitError(
+                f"batch of {n} rows exceeds n_batch={self.n_batch}: raise the batch size (-b/--batch-size) "
+                "or lower the draft length (--spec-draft-n-max)"
+            )
+        n_out = 0
+        for r in rows:
+            if r.output:
+                n_out += 1
+        self.check_outputs(n_out)
+        if self.n_outputs_max_per_seq < n_out:
+            per: dict[int, int] = {}
+            for r in rows:
+                if r.output:
+                    per[r.seq_id] = per.get(r.seq_id, 0) + 1
+            worst = max(per.values())
+            if worst > self.n_outputs_max_per_seq and self.params.extra.get("samplers"):
+                raise OutputLimitError(
+                    f"a sequence asks for {worst} output rows, n_outputs_max_per_seq={self.n_outputs_max_per_seq}"
+                )
+        b = self._batch
+        native.llama_batch_ext_clear(b)
+        pos = self._pos
+        add_token = native.llama_batch_ext_add_token
+        set_pos = native.llama_batch_ext_set_pos
+        set_out = native.llama_batch_ext_set_output_logits
+        for i, r in enumerate(rows):
+            if r.token is not None:
+                idx = add_token(b, r.seq_id, r.token)
+            else:
+                idx = native.llama_batch_ext_add(b, r.seq_id)
+            if idx < 0:
+                raise DecodeError(self._add_error(idx, r), status=idx)
+            if r.embd is not None:
+                e = np.ascontiguousarray(r.embd, dtype=np.float32)
+                em = native.llama_embd(e.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, e.size)
+                if not native.llama_batch_ext_set_embd_token(b, idx, em):
+                    raise DecodeError(f"embedding of width {e.size} rejected for row {i} (see llama.cpp log)")
+            pos[0] = r.pos
+            set_pos(b, idx, pos)
+            if r.output:
+                set_out(b, idx, True)
+        rc = native.llama_process(ptr, kind, b)
+        self.n_decodes += 1
+        if rc != 0:
+            why = _last_native_error("")
+            raise DecodeError(self._rc_message(rc, n) + (f": {why}" if why else ""), status=rc)
+
+    def decode_tokens(self, tokens: Sequence[int], pos0: int, seq_id: int = 0, *, output_last: bool = True, output_all: bool = False) -> None:
+        """Decode a run of tokens of one sequence in chunks of ``n_batch`` (prompt processing)."""
+        n = len(tokens)
+        start = 0
+        for chunk in chunks(tokens, self.n_batch):
+            last = start + len(chunk) == n
+            rows = [
+                Row(t, pos0 + start + j, seq_id, output_all or (output_last and last and j == len(chunk) - 1))
+                for j, t in enumerate(chunk)
+            ]
+            self.decode(rows)
+            start += len(chunk)
+
+    def _add_error(self, code: int, r: Row) -> str:
+        if code == -1:
+            return f"batch is full (n_batch={self.n_batch})"
+        if code == -2:
+            return f"invalid token {r.token} (vocabulary has {self.n_vocab} tokens)"
+        if code == -3:
+            return f"invalid sequence id {r.seq_id} (n_seq_max={self.n_seq_max})"
+        return f"llama_batch_ext_add failed with {code}"
+
+    @staticmethod
+    def _rc_message(rc: int, n: int) -> str:
+        if rc == 1:
+            return f"no KV cache slot for a batch of {n} tokens (context full: raise n_ctx or shorten the prompt)"
+        if rc == 2:
+            return "decode aborted"
+        return f"llama_process failed with status {rc} for a batch of {n} rows"
+
+    # -- outputs --------------------------------------------------------------------------------
+    def logits(self, i: int) -> np.ndarray:
+        """Logits of batch row ``i`` of the last decode, as a numpy view (valid until the next decode)."""
+        return np.ctypeslib.as_array(self.logits_ptr(i), shape=(self.n_vocab,))
+
+    def logits_ptr(self, i: int):
+        """The native logits of batch row ``i``; :class:`DecodeError` when the row has none (a sampler
+        reading such a row would abort the process)."""
+        p = native.llama_get_logits_ith(self.live_ptr(), i)
+        if not p:
+            raise DecodeError(f"no logits for batch row {i} (was its output flag set?)")
+        return p
+
+    def synchronize(self) -> None:
+        native.llama_synchronize(self.live_ptr())
+
+    def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
+        native.llama_set_n_threads(self.live_ptr(), n_threads, n_threads_batch or n_threads)
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_seq_size(self, seq_id: int, flags: int = STATE_FLAGS_NONE) -> int:
+        return int(native.llama_state_seq_get_size_ext(self.live_ptr(), seq_id, flags))
+
+    def state_seq_get(self, seq_id: int, flags: int = STATE_FLAGS_NONE) -> bytes:
+        size = self.state_seq_size(seq_id, flags)
+        buf = (ctypes.c_uint8 * max(size, 1))()
+        got = int(native.llama_state_seq_get_data_ext(self.live_ptr(), buf, size, seq_id, flags))
+        if got != size:
+            raise StateError(f"state save of seq {seq_id} wrote {got} bytes, expected {size}")
+        return bytes(memoryview(buf)[:size])
+
+    def state_seq_set(self, seq_id: int, data: bytes, flags: int = STATE_FLAGS_NONE) -> None:
+        ptr = self.live_ptr()
+        if not data:
+            return
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        got = int(native.llama_state_seq_set_data_ext(ptr, buf, len(data), seq_id, flags))
+        if got != len(data):
+            raise StateError(f"state load into seq {seq_id} read {got} of {len(data)} bytes (state does not match this context)")
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def live_ptr(self):
+        """The native ``llama_context *``; :class:`LlamaSpecError` when the context is closed."""
+        ptr = self.ptr
+        if not ptr:
+            raise LlamaSpecError(f"context on {self.model.path.name} is closed")
+        return ptr
+
+    def close(self) -> None:
+        batch = getattr(self, "_batch", None)
+        if batch:
+            self._batch = None
+            native.llama_batch_ext_free(batch)
+        ptr = getattr(self, "ptr", None)
+        if ptr:
+            self.ptr = None
+            self._mem = None
+            native.llama_free(ptr)
+        if getattr(self, "_holds_model", False):
+            self._holds_model = False
+            self.model._release()
+
+
+class Memory:
+    """Sequence operations on a context's memory (KV cache / recurrent state).
+
+    Holds its context weakly (``Context.memory`` is the strong edge); raises :class:`LlamaSpecError` once
+    the context is closed or gone.
+    """
+
+    def __init__(self, ctx: Context):
+        self._ctx_ref = weakref.ref(ctx)
+
+    @property
+    def ptr(self):
+        """The native ``llama_memory_t``; :class:`LlamaSpecError` when the context is closed."""
+        ctx = self._ctx_ref()
+        if ctx is None or not ctx.ptr:
+            raise LlamaSpecError("context is closed: its memory can no longer be used")
+        return ctx._mem
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        """Remove positions ``[p0, p1)`` of ``seq_id``; returns llama.cpp's bool (never ignore it)."""
+        return bool(native.llama_memory_seq_rm(self.ptr, seq_id, p0, p1))
+
+    def pos_min(self, seq_id: int) -> int:
+        return int(native.llama_memory_seq_pos_min(self.ptr, seq_id))
+
+    def pos_max(self, seq_id: int) -> int:
+        return int(native.llama_memory_seq_pos_max(self.ptr, seq_id))
+
+    def clear(self, data: bool = True) -> None:
+        native.llama_memory_clear(self.ptr, data)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Output limits (spec §5.1)
+# ---------------------------------------------------------------------------------------------------
+
+
+def output_limits(n_batch: int, n_parallel: int, n_draft: int) -> tuple[int, int]:
+    """``(n_outputs_max, n_outputs_max_per_seq)`` for a target that verifies drafts of ``n_draft``.
+
+    >>> output_limits(512, 4, 3)
+    (16, 4)
+    >>> output_limits(8, 4, 16)
+    (8, 8)
+    """
+    per_seq = 1 + max(0, n_draft)
+    total = n_parallel * per_seq
+    return max(1, min(n_batch, total)), max(1, min(n_batch, per_seq))

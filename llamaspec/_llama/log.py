@@ -1,0 +1,113 @@
+"""llama.cpp's backend start-up and its log lines, routed into :mod:`logging`.
+
+llama.cpp logs in fragments through one process-wide callback. :class:`_LogRouter` joins them into lines,
+hands them to the ``llamaspec.llama_cpp`` logger and keeps the last WARNING/ERROR lines, so that a failed
+load can say *why* it failed (:func:`_last_native_error`).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import re
+import threading
+
+# llama_cpp/__init__ imports the high-level Llama class, which installs its own log callback that
+# prints to stderr; ours replaces it in ``backend_init``.
+import llama_cpp
+from llama_cpp import llama_cpp as native
+
+LLAMA_CPP_PYTHON_VERSION: str = getattr(llama_cpp, "__version__", "unknown")
+
+_native_log = logging.getLogger("llamaspec.llama_cpp")
+
+# ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues the previous line)
+_GGML_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_GGML_LOG_CONT = 5
+
+
+class _LogRouter:
+    """Routes llama.cpp's log lines into ``logging`` and remembers the last error lines.
+
+    llama.cpp logs in fragments (level CONT = 5 continues the previous line); fragments are joined until a
+    newline. The last few WARNING/ERROR lines are kept so that a failed load can say *why* it failed.
+    """
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self._level = logging.INFO
+        self.recent_errors: list[str] = []
+        self._lock = threading.Lock()
+
+        @native.llama_log_callback
+        def _cb(level: int, text: bytes, user_data) -> None:  # pragma: no cover - called from C
+            try:
+                self.feed(int(level), text.decode("utf-8", errors="replace") if text else "")
+            except Exception:  # never raise into C
+                pass
+
+        self.callback = _cb
+
+    def feed(self, level: int, text: str) -> None:
+        with self._lock:
+            if level != _GGML_LOG_CONT:
+                self._level = _GGML_LEVELS.get(level, logging.DEBUG)
+            self._buf += text
+            while "\n" in self._buf:
+                line, self._buf = self._buf.split("\n", 1)
+                self._emit(line)
+
+    def _emit(self, line: str) -> None:
+        if not line.strip():
+            return
+        if self._level >= logging.WARNING:
+            self.recent_errors.append(line.strip())
+            del self.recent_errors[:-8]
+        if _native_log.isEnabledFor(self._level):
+            _native_log.log(self._level, "%s", line)
+
+    def take_errors(self) -> list[str]:
+        with self._lock:
+            out, self.recent_errors = self.recent_errors, []
+            return out
+
+
+_router = _LogRouter()
+_backend_ready = False
+_backend_lock = threading.Lock()
+
+
+def backend_init() -> None:
+    """Initialise the llama.cpp backend once and route its logs into ``logging`` (idempotent)."""
+    global _backend_ready
+    with _backend_lock:
+        if _backend_ready:
+            return
+        native.llama_log_set(_router.callback, ctypes.c_void_p(0))
+        native.llama_backend_init()
+        _backend_ready = True
+
+
+def _forget_native_errors() -> None:
+    """Drop the remembered error lines (before a call whose failure :func:`_last_native_error` explains)."""
+    _router.take_errors()
+
+
+def _last_native_error(default: str = "") -> str:
+    """The most telling recent llama.cpp warning/error line ("error loading model: ..." beats "failed")."""
+    errs = _router.take_errors()
+    if not errs:
+        return default
+    text = "\n".join(errs)
+    # llama.cpp sometimes logs fragments without a newline: cut each message at the next "func_name:" prefix
+    match = re.search(r"error loading model: (.*?)(?=\w+: |\n|$)", text)
+    if match:
+        return match.group(1).strip()
+    for line in reversed(errs):
+        if "error" in line or "failed" in line:
+            return line.strip()
+    return errs[-1]
+
+
+def system_info() -> str:
+    backend_init()
+    return native.llama_print_system_info().decode("utf-8", errors="replace")

@@ -1,0 +1,330 @@
+"""Loaded GGUF models and their vocabularies.
+
+Lifetime rules (a native model must outlive every context and grammar sampler made from it):
+
+* :class:`Vocab` holds its :class:`Model` weakly (and ``Memory`` its ``Context``), so the only strong
+  edge between the wrappers is ``Context -> Model``: there is no cycle, and refcounting alone frees what
+  is dropped without ``close()``, the context first. A vocabulary whose model is closed or gone raises
+  :class:`LlamaSpecError` instead of handing a dangling pointer to C.
+* A :class:`Context` (and a grammar sampler) *acquires* its model. ``Model.close()`` while users are still
+  open only marks the model closed; the native ``llama_model_free`` runs when the last user closes. So
+  the order in which finalizers run (the garbage collector picks one for objects held by a cycle) can
+  never free a model under a live context.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import weakref
+from pathlib import Path
+from typing import Sequence
+
+from llama_cpp import llama_cpp as native
+
+from ..errors import LlamaSpecError, ModelFormatError
+from .log import _forget_native_errors, _last_native_error, backend_init
+
+TOKEN_NULL = -1
+
+
+class _Owned:
+    """Owning wrapper: ``close()`` frees the native object; context manager; ``__del__`` as a last resort."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------------------------------------------
+# Vocab
+# ---------------------------------------------------------------------------------------------------
+
+
+class Vocab:
+    """Tokenizer and token metadata of a :class:`Model` (usable while the model is open).
+
+    Thread-safe for reading: every call uses its own output buffer.
+    """
+
+    def __init__(self, model: "Model"):
+        self._model_ref = weakref.ref(model)  # weak: Model.vocab -> Vocab is the strong edge
+        self._model_name = model.path.name
+        self._ptr = native.llama_model_get_vocab(model.live_ptr())
+        ptr = self._ptr
+        self.n_tokens: int = int(native.llama_vocab_n_tokens(ptr))
+        self.type: int = int(native.llama_vocab_type(ptr))
+        self.bos: int = int(native.llama_vocab_bos(ptr))
+        self.eos: int = int(native.llama_vocab_eos(ptr))
+        self.eot: int = int(native.llama_vocab_eot(ptr))
+        self.add_bos: bool = bool(native.llama_vocab_get_add_bos(ptr))
+        self.add_eos: bool = bool(native.llama_vocab_get_add_eos(ptr))
+        self._eog_cache: dict[int, bool] = {}
+
+    @property
+    def model(self) -> "Model":
+        """The owning model; :class:`LlamaSpecError` when it was closed or dropped."""
+        model = self._model_ref()
+        if model is None or not model.ptr:
+            raise self._closed()
+        return model
+
+    @property
+    def ptr(self):
+        """The native ``llama_vocab *``; :class:`LlamaSpecError` when the model was closed or dropped."""
+        model = self._model_ref()
+        if model is None or not model.ptr:
+            raise self._closed()
+        return self._ptr
+
+    def _closed(self) -> LlamaSpecError:
+        return LlamaSpecError(f"model {self._model_name} is closed: its vocabulary can no longer be used")
+
+    @property
+    def suppress_tokens(self) -> list[int]:
+        """Model-specific tokens a sampler must never pick (``tokenizer.ggml.suppress_tokens``)."""
+        n = ctypes.c_int32(0)
+        p = native.llama_vocab_get_suppress_tokens(self.ptr, ctypes.byref(n))
+        return [int(p[i]) for i in range(n.value)] if p and n.value > 0 else []
+
+    def is_eog(self, token: int) -> bool:
+        r = self._eog_cache.get(token)
+        if r is None:
+            r = bool(native.llama_vocab_is_eog(self.ptr, token))
+            self._eog_cache[token] = r
+        return r
+
+    def is_control(self, token: int) -> bool:
+        return bool(native.llama_vocab_is_control(self.ptr, token))
+
+    def get_text(self, token: int) -> bytes:
+        """Raw vocabulary text of a token (what spec §11 compares byte for byte)."""
+        t = native.llama_vocab_get_text(self.ptr, token)
+        return t if t is not None else b""
+
+    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        ptr = self.ptr
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        n_max = len(data) + 8
+        buf = (native.llama_token * n_max)()
+        n = native.llama_tokenize(ptr, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (native.llama_token * n_max)()
+            n = native.llama_tokenize(ptr, data, len(data), buf, n_max, add_special, parse_special)
+            if n < 0:
+                raise LlamaSpecError(f"tokenization failed (llama_tokenize returned {n})")
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        ptr = self.ptr
+        buf = ctypes.create_string_buffer(64)  # per call: two threads may detokenize at once
+        n = native.llama_token_to_piece(ptr, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = native.llama_token_to_piece(ptr, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int], *, remove_special: bool = False, unparse_special: bool = False) -> str:
+        if not tokens:
+            return ""
+        ptr = self.ptr
+        arr = (native.llama_token * len(tokens))(*tokens)
+        cap = max(64, 8 * len(tokens))
+        out = ctypes.create_string_buffer(cap)
+        n = native.llama_detokenize(ptr, arr, len(tokens), out, cap, remove_special, unparse_special)
+        if n < 0:
+            cap = -n
+            out = ctypes.create_string_buffer(cap)
+            n = native.llama_detokenize(ptr, arr, len(tokens), out, cap, remove_special, unparse_special)
+        return out.raw[:n].decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------------------
+
+
+def _check_gguf_magic(path: Path) -> None:
+    if not path.exists():
+        raise ModelFormatError(f"model file not found: {path} (check the path, or use a name from `llamaspec models list`)")
+    if path.is_dir():
+        raise ModelFormatError(f"{path} is a directory, not a GGUF file")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head != b"GGUF":
+        raise ModelFormatError(
+            f"{path} is not a GGUF file (it starts with {head!r}, a GGUF file starts with b'GGUF'); "
+            "convert it with llama.cpp's convert_hf_to_gguf.py or pick another file"
+        )
+
+
+class Model(_Owned):
+    """A loaded GGUF model. Use as a context manager or call :meth:`close`."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_gpu_layers: int = 0,
+        use_mmap: bool = True,
+        vocab_only: bool = False,
+        load_mtp: bool = False,
+    ):
+        self.ptr = None
+        self._users = 0  # open contexts / grammar samplers that use the native model
+        self._pending_free = None  # the native pointer, once closed while users remain
+        self._lifetime_lock = threading.RLock()  # RLock: a finalizer may run while this thread holds it
+        backend_init()
+        self.path = Path(path)
+        _check_gguf_magic(self.path)
+        params = native.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.use_mmap = use_mmap
+        params.vocab_only = vocab_only
+        if hasattr(params, "load_mtp"):
+            params.load_mtp = load_mtp
+        _forget_native_errors()
+        ptr = native.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        if not ptr:
+            why = _last_native_error("llama.cpp could not load it")
+            raise ModelFormatError(f"failed to load model {self.path}: {why}")
+        self.ptr = ptr
+        self.vocab = Vocab(self)
+        self.arch: str = self.meta("general.architecture") or "unknown"
+        self.name: str = self.meta("general.name") or self.path.stem
+        self.vocab_only = vocab_only
+        # a vocab-only model has no hyper-parameters: llama.cpp aborts when asked for them
+        hp = (lambda f: int(f(ptr))) if not vocab_only else (lambda f: 0)
+        self.n_layer: int = hp(native.llama_model_n_layer)
+        self.n_embd: int = hp(native.llama_model_n_embd)
+        self.n_embd_inp: int = hp(native.llama_model_n_embd_inp)
+        self.n_embd_out: int = hp(native.llama_model_n_embd_out)
+        self.n_layer_nextn: int = hp(native.llama_model_n_layer_nextn)
+        self.n_ctx_train: int = hp(native.llama_model_n_ctx_train)
+        self.n_head: int = hp(native.llama_model_n_head)
+        self.n_swa: int = hp(native.llama_model_n_swa)
+        self.n_params: int = hp(native.llama_model_n_params)
+        self.size_bytes: int = hp(native.llama_model_size)
+        self.is_recurrent: bool = bool(hp(native.llama_model_is_recurrent))
+        self.is_hybrid: bool = bool(hp(native.llama_model_is_hybrid))
+        self.has_encoder: bool = bool(hp(native.llama_model_has_encoder))
+        buf = ctypes.create_string_buffer(256)
+        native.llama_model_desc(ptr, buf, len(buf))
+        self.desc: str = buf.value.decode("utf-8", errors="replace")
+
+    def live_ptr(self):
+        """The native ``llama_model *``; :class:`LlamaSpecError` when the model is closed."""
+        ptr = self.ptr
+        if not ptr:
+            raise LlamaSpecError(f"model {self.path.name} is closed")
+        return ptr
+
+    # -- metadata -------------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        """Metadata value as a string (``llama_model_meta_val_str``), or None when the key is absent."""
+        ptr = self.live_ptr()
+        buf = ctypes.create_string_buffer(1024)
+        n = native.llama_model_meta_val_str(ptr, key.encode("utf-8"), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            native.llama_model_meta_val_str(ptr, key.encode("utf-8"), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def meta_all(self) -> dict[str, str]:
+        ptr = self.live_ptr()
+        out: dict[str, str] = {}
+        n = int(native.llama_model_meta_count(ptr))
+        kbuf = ctypes.create_string_buffer(256)
+        vbuf = ctypes.create_string_buffer(1024)
+        for i in range(n):
+            if native.llama_model_meta_key_by_index(ptr, i, kbuf, len(kbuf)) < 0:
+                continue
+            native.llama_model_meta_val_str_by_index(ptr, i, vbuf, len(vbuf))
+            out[kbuf.value.decode("utf-8", "replace")] = vbuf.value.decode("utf-8", "replace")
+        return out
+
+    @property
+    def is_swa(self) -> bool:
+        return self.n_swa > 0
+
+    def chat_template(self) -> str | None:
+        """The model's default chat template (``tokenizer.chat_template``), or None; see :mod:`llamaspec.chat`."""
+        t = native.llama_model_chat_template(self.live_ptr(), None)
+        return t.decode("utf-8", errors="replace") if t else None
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def _acquire(self) -> None:
+        """Register a user (context, grammar sampler) that needs the native model until it releases it.
+
+        Also allowed after ``close()`` while other users keep the native model (cloning a grammar sampler).
+        """
+        with self._lifetime_lock:
+            if not (self.ptr or self._pending_free):
+                self.live_ptr()  # raises
+            self._users += 1
+
+    def _release(self) -> None:
+        ptr = None
+        with self._lifetime_lock:
+            self._users -= 1
+            if self._users == 0:
+                ptr, self._pending_free = self._pending_free, None
+        if ptr:
+            native.llama_model_free(ptr)
+
+    def close(self) -> None:
+        """Close the model; the native free waits for the contexts and samplers still using it."""
+        lock = getattr(self, "_lifetime_lock", None)
+        if lock is None:  # __init__ did not get far
+            return
+        with lock:
+            ptr, self.ptr = self.ptr, None
+            if ptr and self._users:
+                self._pending_free, ptr = ptr, None
+        if ptr:
+            native.llama_model_free(ptr)
+
+    def __repr__(self) -> str:
+        return f"Model({self.path.name!r}, arch={self.arch}, n_layer={self.n_layer}, n_embd={self.n_embd})"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Built-in chat templates (the Jinja fallback lives in llamaspec.chat)
+# ---------------------------------------------------------------------------------------------------
+
+
+def render_builtin_chat_template(template: str, messages: list[dict[str, str]], *, add_assistant: bool = True) -> str | None:
+    """Render ``messages`` with llama.cpp's built-in template matcher (``llama_chat_apply_template``);
+    None when llama.cpp does not recognise ``template``."""
+    tmpl = template.encode("utf-8")
+    n = len(messages)
+    arr = (native.llama_chat_message * n)()
+    keep = []  # the encoded strings must outlive the call
+    for i, m in enumerate(messages):
+        role, content = m["role"].encode("utf-8"), m["content"].encode("utf-8")
+        keep += [role, content]
+        arr[i].role = role
+        arr[i].content = content
+    cap = 4096 + sum(len(m["content"]) for m in messages) * 2
+    buf = ctypes.create_string_buffer(cap)
+    res = native.llama_chat_apply_template(tmpl, arr, n, add_assistant, buf, cap)
+    if res > cap:
+        buf = ctypes.create_string_buffer(res + 1)
+        res = native.llama_chat_apply_template(tmpl, arr, n, add_assistant, buf, res + 1)
+    if res < 0:
+        return None
+    return buf.raw[:res].decode("utf-8", errors="replace")

@@ -1,0 +1,168 @@
+"""Target sampling: :class:`SamplingParams` and the owning llama.cpp sampler chain :class:`Sampler`."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+from llama_cpp import llama_cpp as native
+
+from ..errors import LlamaSpecError, SamplerError, UsageError
+from .context import Context
+from .log import _last_native_error
+from .model import Model, Vocab, _Owned
+
+DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: "pick a random seed"
+
+
+@dataclass
+class SamplingParams:
+    """Target sampling settings (llama.cpp names). ``temp <= 0`` means greedy."""
+
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int = DEFAULT_SEED
+    grammar: str | None = None
+    grammar_root: str = "root"
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp <= 0
+
+    def validate(self) -> None:
+        if self.top_k < 0:
+            raise UsageError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise UsageError(f"top-p must be in [0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise UsageError(f"min-p must be in [0, 1], got {self.min_p}")
+        if self.repeat_penalty <= 0:
+            raise UsageError(f"repeat-penalty must be > 0 (1.0 disables it), got {self.repeat_penalty}")
+        if not 0 <= self.seed <= 0xFFFFFFFF:
+            raise UsageError(f"seed must be in [0, 4294967295], got {self.seed}")
+        if self.temp != self.temp:  # NaN
+            raise UsageError("temperature must be a number")
+
+
+class Sampler(_Owned):
+    """An owning llama.cpp sampler chain built from :class:`SamplingParams`.
+
+    Chain order follows llama.cpp's common sampler: [grammar] -> penalties -> top-k -> top-p -> min-p ->
+    temperature -> dist (or greedy when ``temp <= 0``). ``sample`` accepts the sampled token into the chain
+    (``llama_sampler_sample`` does so itself).
+
+    A grammar sampler reads its model's vocabulary natively, so it keeps (and acquires) the model.
+    """
+
+    _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+
+    def __init__(self, ptr, params: SamplingParams | None = None, *, model: Model | None = None):
+        self.ptr = ptr
+        self.params = params
+        self._model = None
+        if model is not None:
+            model._acquire()  # when this raises, __del__ still frees ptr
+            self._model = model
+
+    @classmethod
+    def from_params(cls, vocab: Vocab, params: SamplingParams) -> "Sampler":  # noqa: C901
+        params.validate()
+        model = vocab.model if params.grammar else None  # raises when the model is closed
+        chain = native.llama_sampler_chain_init(native.llama_sampler_chain_default_params())
+        add = lambda s: native.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if params.grammar:
+            grammar = native.llama_sampler_init_grammar(
+                vocab.ptr, params.grammar.encode("utf-8"), params.grammar_root.encode("utf-8")
+            )
+            if not grammar:
+                native.llama_sampler_free(chain)
+                why = _last_native_error("see the llama.cpp log")
+                raise SamplerError(f"grammar does not parse: {why}")
+            add(grammar)
+        if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+            add(native.llama_sampler_init_penalties(vocab.n_tokens, params.repeat_last_n, params.repeat_penalty, params.frequency_penalty, params.presence_penalty))
+        if params.greedy:
+            add(native.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                add(native.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                add(native.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                add(native.llama_sampler_init_min_p(params.min_p, 1))
+            add(native.llama_sampler_init_temp(params.temp))
+            add(native.llama_sampler_init_dist(params.seed))
+        return cls(chain, params, model=model)
+
+    def live_ptr(self):
+        """The native ``llama_sampler *``; :class:`LlamaSpecError` when the sampler is closed."""
+        ptr = self.ptr
+        if not ptr:
+            raise LlamaSpecError("sampler is closed")
+        return ptr
+
+    def sample(self, ctx: Context, idx: int) -> int:
+        """Sample from batch row ``idx`` of ``ctx``'s last decode and accept the token into the chain.
+
+        :class:`DecodeError` when the row has no logits (llama.cpp would abort); contexts with backend
+        samplers (``extra["samplers"]``) may have a sampled token instead, so they are not checked.
+        """
+        ptr = self.live_ptr()
+        ctx_ptr = ctx.live_ptr()
+        if not ctx.params.extra.get("samplers"):
+            ctx.logits_ptr(idx)
+        return int(native.llama_sampler_sample(ptr, ctx_ptr, idx))
+
+    def sample_no_accept(self, ctx: Context, idx: int) -> int:
+        """Sample from batch row ``idx`` **without** accepting the token into the chain (the random state of
+        ``dist`` still advances). For replay and synthetic acceptance, where the accepted token is another."""
+        ptr = self.live_ptr()
+        logits = ctx.logits(idx)
+        n = logits.shape[0]
+        buf = getattr(self, "_cand", None)
+        if buf is None or buf.shape[0] != n:
+            buf = np.zeros(n, dtype=self._TOKEN_DATA)
+            buf["id"] = np.arange(n, dtype=np.int32)
+            self._cand = buf
+        else:
+            buf["id"] = np.arange(n, dtype=np.int32)
+        buf["logit"] = logits
+        buf["p"] = 0.0
+        arr = native.llama_token_data_array(
+            data=buf.ctypes.data_as(native.llama_token_data_p), size=n, selected=-1, sorted=False
+        )
+        native.llama_sampler_apply(ptr, ctypes.byref(arr))
+        if not 0 <= arr.selected < arr.size:
+            raise SamplerError("the sampler chain selected no token")
+        data = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_int32)), shape=(arr.size * 3,))
+        return int(data[arr.selected * 3])
+
+    def accept(self, token: int) -> None:
+        native.llama_sampler_accept(self.live_ptr(), token)
+
+    def reset(self) -> None:
+        native.llama_sampler_reset(self.live_ptr())
+
+    def clone(self) -> "Sampler":
+        """Deep copy, including the random state of ``dist``."""
+        return Sampler(native.llama_sampler_clone(self.live_ptr()), self.params, model=self._model)
+
+    def copy_from(self, other: "Sampler") -> None:
+        """Copy ``other``'s state into this sampler (``llama_sampler_copy``), e.g. to restore a clone."""
+        native.llama_sampler_copy(other.live_ptr(), self.live_ptr())
+
+    def close(self) -> None:
+        ptr = getattr(self, "ptr", None)
+        if ptr:
+            self.ptr = None
+            native.llama_sampler_free(ptr)
+        model = getattr(self, "_model", None)
+        if model is not None:
+            self._model = None
+            model._release()

@@ -1,0 +1,52 @@
+"""Chat templates: render a list of ``{"role", "content"}`` messages into a prompt string.
+
+llama.cpp's built-in template matcher is tried first; templates it does not know are rendered with
+Jinja2 through llama-cpp-python's ``Jinja2ChatFormatter`` (what its high-level ``Llama`` does). The
+import of ``llama_cpp.llama_chat_format`` here is the one ``llama_cpp`` import outside
+:mod:`llamaspec._llama`: it is pure Python (no native calls), and re-implementing its sandboxed Jinja
+environment would only drift from llama-cpp-python's behaviour.
+"""
+from __future__ import annotations
+
+from . import _llama as llama
+from .errors import UsageError
+
+
+def apply_chat_template(
+    model: llama.Model,
+    messages: list[dict[str, str]],
+    *,
+    add_assistant: bool = True,
+    template: str | None = None,
+) -> str:
+    """Render ``messages`` with ``template`` (default: the model's own, ``tokenizer.chat_template``).
+
+    ``add_assistant`` appends the assistant turn's opening, so the model answers next.
+    """
+    tmpl = template if template is not None else model.chat_template()
+    if tmpl is None:
+        raise UsageError(
+            f"model {model.path.name} has no chat template (tokenizer.chat_template); drop --chat and "
+            "format the prompt yourself"
+        )
+    text = llama.render_builtin_chat_template(tmpl, messages, add_assistant=add_assistant)
+    if text is not None:
+        return text
+    try:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        vocab = model.vocab
+        fmt = Jinja2ChatFormatter(
+            template=tmpl,
+            eos_token=_special_piece(vocab, vocab.eos),
+            bos_token=_special_piece(vocab, vocab.bos),
+            add_generation_prompt=add_assistant,
+        )
+        return fmt(messages=messages).prompt
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"could not apply the chat template of {model.path.name}: {e}") from e
+
+
+def _special_piece(vocab: llama.Vocab, token: int) -> str:
+    """The text of a special token (``""`` when the vocabulary has none)."""
+    return vocab.token_to_piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
