@@ -165,7 +165,16 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
 
             write_atomic(stats_json, json.dumps(stats, indent=2) + "\n")
         if not quiet:
+            if n_predict == 0:
+                err_console.print(f"[dim]-n 0: the prompt was processed ({stats['n_prompt']} tokens), nothing generated[/]")
             _print_stats(eng, stats)
+        failed = [(i, r) for i, r in enumerate(results) if r.error]
+        for i, r in failed:
+            from rich.markup import escape
+
+            err_console.print(f"[bold red]error:[/] prompt {i + 1} failed: {escape(r.error)}", soft_wrap=True)
+        if failed:
+            sys.exit(1)
 
 
 def _collect_stats(eng, path, dpath, results) -> dict:

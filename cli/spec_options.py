@@ -18,6 +18,9 @@ _OPTIONS = [
                       "draft model (draft-simple; ~10% faster on Gemma-270M; drafts may differ from llama.cpp's)."),
     click.option("--spec-synth-len", type=str, default=None, help="Synthetic acceptance: mean accepted length (benchmarks only)."),
     click.option("--spec-synth-rates", type=str, default=None, help="Synthetic acceptance: comma list of per-position rates (benchmarks only)."),
+    click.option("--spec-replay-accept-corrected", is_flag=True,
+                 help="Beyond llama.cpp: after a restore + replay (FULL/RS targets) tell the drafters the accepted drafts "
+                      "without the replayed target token (llama.cpp counts it; slot statistics never do)."),
     click.option("--verify", "verify", type=click.Choice(["match", "rejection"]), default="match", show_default=True,
                  help="match = llama.cpp's sample-and-match; rejection = rejection sampling at temperature > 0."),
 ]
@@ -32,7 +35,8 @@ def spec_options(f):
 
 
 def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max, spec_draft_n_min, spec_draft_p_min,
-                      spec_synth_len, spec_synth_rates, verify, spec_draft_reuse_kv=False, **extra):
+                      spec_synth_len, spec_synth_rates, verify, spec_draft_reuse_kv=False,
+                      spec_replay_accept_corrected=False, **extra):
     """SpecParams from the flags, validated with llama.cpp's rules and clear messages."""
     from llamaspec.errors import UsageError
     from llamaspec.params import SpecParams
@@ -56,6 +60,7 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
             raise UsageError(f"--spec-draft-p-min must be in [0, 1], got {spec_draft_p_min}")
         p.draft.p_min = spec_draft_p_min
     p.draft.reuse_kv = bool(spec_draft_reuse_kv)
+    p.replay_accept_corrected = bool(spec_replay_accept_corrected)
     if spec_synth_len is not None or spec_synth_rates is not None:
         from llamaspec.synth import parse_synth_len, parse_synth_rates
 

@@ -16,7 +16,7 @@ from .params import SpecParams, SpecType
 from .stats import Timer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import _llama as L
+    from . import _llama as llama
 
 log = logging.getLogger("llamaspec")
 
@@ -45,7 +45,7 @@ class Chain:
                 d.begin(seq_id, prompt)
             d.stats.n_call_begin += 1
 
-    def process(self, rows: "Sequence[L.Row]") -> bool:
+    def process(self, rows: "Sequence[llama.Row]") -> bool:
         for d in self.impls:
             if not d.process(rows):
                 return False
@@ -105,6 +105,18 @@ class Chain:
             if d is not impl:
                 d.accept(seq_id, n_accepted, True)
 
+    def configure_sampling(self, seq_id: int, temp: float, seed: int) -> None:
+        for d in self.impls:
+            d.configure_sampling(seq_id, temp, seed)
+
+    def reset(self, seq_id: int) -> None:
+        """After an error or a cancel: clear the sequence's draft request and every drafter's caches."""
+        dp = self.dparams[seq_id]
+        dp.drafting, dp.result, dp.probs = False, [], None
+        self.impl_last[seq_id] = None
+        for d in self.impls:
+            d.reset(seq_id)
+
     def get_state(self, seq_id: int) -> bytes | None:
         for d in self.impls:
             s = d.get_state(seq_id)
@@ -132,7 +144,7 @@ class Chain:
 # construction
 # ---------------------------------------------------------------------------------------------------
 
-Factory = Callable[[SpecParams, int, "L.Context", "L.Context | None"], Drafter]
+Factory = Callable[[SpecParams, int, "llama.Context", "llama.Context | None"], Drafter]
 
 
 def _ngram_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
@@ -183,7 +195,7 @@ FACTORIES: dict[SpecType, Factory] = {
 }
 
 
-def build_chain(params: SpecParams, n_seq: int, ctx_tgt: "L.Context", ctx_dft: "L.Context | None") -> Chain | None:
+def build_chain(params: SpecParams, n_seq: int, ctx_tgt: "llama.Context", ctx_dft: "llama.Context | None") -> Chain | None:
     """Instantiate the enabled drafters in priority order; ``None`` when nothing is enabled.
 
     Any constructor error aborts the whole chain (as in llama.cpp), with the drafter's own message.

@@ -64,3 +64,11 @@ class VocabMismatchError(UsageError):
 
 class SamplerError(LlamaSpecError):
     """A sampler could not be built (e.g. a grammar that does not parse)."""
+
+
+class EngineClosedError(LlamaSpecError):
+    """The Engine was closed; create a new one."""
+
+
+class RequestError(LlamaSpecError):
+    """A request finished with an error (its message says which); the engine and other requests go on."""

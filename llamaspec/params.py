@@ -134,6 +134,9 @@ class SpecParams:
     synth_rates: list[float] = field(default_factory=list)
     #: opt-in fixes of the n-gram QUIRKs of spec §4.7-§4.11 (default False: behave exactly like llama.cpp)
     ngram_fix_quirks: bool = False
+    #: in a replay round tell the chain the accepted drafts without the replayed target token (default
+    #: False: llama.cpp's count, spec §7.5 step 6; the slot statistics are corrected either way)
+    replay_accept_corrected: bool = False
 
     def add_types(self, names: str | list[str]) -> None:
         """``--spec-type LIST`` appends to the list (whose default is ``['none']``)."""

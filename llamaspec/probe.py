@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from . import _llama as L
+from . import _llama as llama
 from .errors import DecodeError
 from .vocab import check_vocab_compat, is_compatible
 
@@ -38,7 +38,7 @@ class Level(enum.IntEnum):
         return self.name
 
 
-def can_seq_rm(ctx: L.Context) -> Level:
+def can_seq_rm(ctx: llama.Context) -> Level:
     """The exact algorithm of llama.cpp's ``common_context_can_seq_rm`` (spec §6.1). Wipes memory."""
     mem = ctx.memory
     if mem is None:
@@ -48,7 +48,7 @@ def can_seq_rm(ctx: L.Context) -> Level:
     mem.clear(True)
     try:
         pos0 = mem.pos_max(0) + 1
-        ctx.decode([L.Row(0, pos0, 0, False), L.Row(0, pos0 + 1, 0, True)])
+        ctx.decode([llama.Row(0, pos0, 0, False), llama.Row(0, pos0 + 1, 0, True)])
     except DecodeError:
         return Level.NO
     ok = mem.seq_rm(0, 1, -1)
@@ -64,18 +64,18 @@ class LevelProbe:
     n_rs_seq: int  # n_rs_seq the context actually got when RS was requested (0 = unsupported)
 
 
-def probe_levels(model: L.Model, *, n_rs_seq: int = DEFAULT_RS_PROBE, n_ctx: int = 64, n_threads: int | None = None) -> LevelProbe:
+def probe_levels(model: llama.Model, *, n_rs_seq: int = DEFAULT_RS_PROBE, n_ctx: int = 64, n_threads: int | None = None) -> LevelProbe:
     """Probe ``model`` on scratch contexts: level with ``n_rs_seq = 0`` and with ``n_rs_seq`` requested."""
     n_ctx = _scratch_ctx(model, n_ctx)
-    with L.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_threads=n_threads) as ctx:
+    with llama.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_threads=n_threads) as ctx:
         level = can_seq_rm(ctx)
-    with L.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_rs_seq=n_rs_seq, n_threads=n_threads) as ctx:
+    with llama.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_rs_seq=n_rs_seq, n_threads=n_threads) as ctx:
         got = ctx.n_rs_seq
         level_rs = can_seq_rm(ctx)
     return LevelProbe(level, level_rs, got)
 
 
-def _scratch_ctx(model: L.Model, n_ctx: int) -> int:
+def _scratch_ctx(model: llama.Model, n_ctx: int) -> int:
     if model.n_ctx_train > 0:
         n_ctx = min(n_ctx, model.n_ctx_train)
     return max(n_ctx, 16)
@@ -86,7 +86,7 @@ def _scratch_ctx(model: L.Model, n_ctx: int) -> int:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _filler_tokens(model: L.Model, n: int) -> list[int]:
+def _filler_tokens(model: llama.Model, n: int) -> list[int]:
     """Deterministic, non-degenerate token ids (skipping the first few, often special, ids)."""
     v = model.vocab.n_tokens
     lo = min(10, v - 1)
@@ -111,14 +111,14 @@ class CheckpointCost:
         }
 
 
-def measure_checkpoint(model: L.Model, *, n_tokens: int = 1024, n_threads: int | None = None, repeats: int = 3) -> CheckpointCost:
+def measure_checkpoint(model: llama.Model, *, n_tokens: int = 1024, n_threads: int | None = None, repeats: int = 3) -> CheckpointCost:
     """Size and save/load time of a PARTIAL_ONLY sequence state after ``n_tokens`` tokens."""
     n_ctx = _scratch_ctx(model, n_tokens + 16)
     n_tokens = min(n_tokens, n_ctx - 8)
-    with L.Context(model, n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=n_threads) as ctx:
+    with llama.Context(model, n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=n_threads) as ctx:
         ctx.decode_tokens(_filler_tokens(model, n_tokens), 0, 0, output_last=True)
-        flags = L.STATE_FLAGS_PARTIAL_ONLY
-        full = ctx.state_seq_size(0, L.STATE_FLAGS_NONE)
+        flags = llama.STATE_FLAGS_PARTIAL_ONLY
+        full = ctx.state_seq_size(0, llama.STATE_FLAGS_NONE)
         saves, loads = [], []
         data = b""
         for _ in range(repeats):
@@ -133,7 +133,7 @@ def measure_checkpoint(model: L.Model, *, n_tokens: int = 1024, n_threads: int |
 
 
 def measure_verify_curve(
-    model: L.Model, *, sizes: Sequence[int] = VERIFY_SIZES, n_prefix: int = 32, repeats: int = 3, n_threads: int | None = None
+    model: llama.Model, *, sizes: Sequence[int] = VERIFY_SIZES, n_prefix: int = 32, repeats: int = 3, n_threads: int | None = None
 ) -> dict[int, float]:
     """Milliseconds to decode ``n`` tokens of one sequence in one batch with logits for every row."""
     n_max = max(sizes)
@@ -141,7 +141,7 @@ def measure_verify_curve(
     n_prefix = min(n_prefix, n_ctx - n_max - 8)
     toks = _filler_tokens(model, n_prefix + n_max)
     out: dict[int, float] = {}
-    with L.Context(model, n_ctx=n_ctx, n_batch=max(n_max, n_prefix), n_outputs_max=n_max, n_threads=n_threads) as ctx:
+    with llama.Context(model, n_ctx=n_ctx, n_batch=max(n_max, n_prefix), n_outputs_max=n_max, n_threads=n_threads) as ctx:
         mem = ctx.memory
         # warm-up
         ctx.decode_tokens(toks[:n_prefix], 0, 0)
@@ -150,7 +150,7 @@ def measure_verify_curve(
             for _ in range(repeats):
                 mem.clear(True)
                 ctx.decode_tokens(toks[:n_prefix], 0, 0)
-                rows = [L.Row(t, n_prefix + j, 0, True) for j, t in enumerate(toks[n_prefix : n_prefix + n])]
+                rows = [llama.Row(t, n_prefix + j, 0, True) for j, t in enumerate(toks[n_prefix : n_prefix + n])]
                 ctx.synchronize()
                 t0 = time.perf_counter()
                 ctx.decode(rows)
@@ -253,7 +253,7 @@ class ProbeReport:
         return d
 
 
-def report_model(model: L.Model, *, measure: bool = True, n_rs_seq: int = DEFAULT_RS_PROBE, n_threads: int | None = None,
+def report_model(model: llama.Model, *, measure: bool = True, n_rs_seq: int = DEFAULT_RS_PROBE, n_threads: int | None = None,
                  checkpoint_tokens: int = 1024) -> ModelReport:
     lv = probe_levels(model, n_rs_seq=n_rs_seq, n_threads=n_threads)
     r = ModelReport(
@@ -289,7 +289,7 @@ def report_model(model: L.Model, *, measure: bool = True, n_rs_seq: int = DEFAUL
     return r
 
 
-def probe(target: L.Model, draft: L.Model | None = None, *, measure: bool = True, n_rs_seq: int = DEFAULT_RS_PROBE,
+def probe(target: llama.Model, draft: llama.Model | None = None, *, measure: bool = True, n_rs_seq: int = DEFAULT_RS_PROBE,
           n_threads: int | None = None, checkpoint_tokens: int = 1024) -> ProbeReport:
     """Everything the ``llamaspec probe`` command reports, as a dataclass (``to_dict()`` for JSON)."""
     rep = ProbeReport(target=report_model(target, measure=measure, n_rs_seq=n_rs_seq, n_threads=n_threads,

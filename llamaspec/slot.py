@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _llama as L
+from . import _llama as llama
 from .memory import Checkpoint
 from .text import TextStream
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .request import Request
+    from .sampler import TargetSampler
+    from .verify.verifiers import Verifier
 
 
 class SlotState(enum.Enum):
@@ -22,6 +28,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # end-of-generation token or a stop string
     LENGTH = "length"  # n_predict reached, or the context is full
     ABORT = "abort"  # the caller abandoned the request
+    ERROR = "error"  # this request failed (its drafter, decode or verification); the message is on the result
 
     def __str__(self) -> str:  # pragma: no cover - cosmetic
         return self.value
@@ -111,6 +118,8 @@ class GenerationResult:
     prompt_tokens: list[int] = field(default_factory=list)
     #: per emitted token: True when it was a drafted token accepted by the target
     drafted_mask: list[bool] = field(default_factory=list)
+    #: the error message when ``finish_reason`` is ``error``
+    error: str | None = None
 
 
 @dataclass
@@ -126,6 +135,8 @@ class Chunk:
     text: str
     finished: bool = False
     n_from_draft: int = 0
+    #: the request that produced the chunk (chunks are delivered to it)
+    request: "Request | None" = None
 
 
 class Slot:
@@ -134,7 +145,7 @@ class Slot:
     def __init__(self, slot_id: int):
         self.id = slot_id
         self.state = SlotState.IDLE
-        self.sampler: L.Sampler | None = None
+        self.sampler: "TargetSampler | None" = None
         self.reset()
 
     def reset(self) -> None:
@@ -144,20 +155,24 @@ class Slot:
         self.sampled: int | None = None  # last token sampled by the target, not yet decoded
         self.generated: list[int] = []
         self.n_predict = -1
-        self.sampling: L.SamplingParams | None = None
+        self.sampling: llama.SamplingParams | None = None
         self.stream: TextStream | None = None
         self.finish_reason: FinishReason | None = None
+        self.error: str | None = None
         self.stats = GenerationStats()
         self._t0 = 0.0
         # speculative state (spec §7.1)
         self.spec_draft: list[int] = []
         self.spec_probs: list[np.ndarray] | None = None
         self.spec_i_batch: list[int] = []
+        if getattr(self, "spec_ckpt", None) is not None:
+            self.spec_ckpt.drop_sampler()
         self.spec_ckpt = Checkpoint()
         self.spec_is_replay = False
-        self.spec_requested = False
-        self.synth_rng = None
-        self.rng = None  # numpy Generator for rejection sampling (the target's own stream)
+        #: the request this slot serves
+        self.request: "Request | None" = None
+        #: the request's verification rule (chosen once at submit; see llamaspec.verify.verifiers)
+        self.verifier: "Verifier | None" = None
 
     @property
     def seq_id(self) -> int:

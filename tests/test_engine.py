@@ -5,7 +5,7 @@ import pytest
 
 from llamaspec import _llama as L
 from llamaspec.chat import apply_chat_template
-from llamaspec.engine import Engine, FinishReason, SlotState
+from llamaspec.engine import Engine, FinishReason, RequestState, SlotState
 from llamaspec.errors import ContextOverflowError, UsageError
 
 from helpers import EXACT, real_model
@@ -42,8 +42,9 @@ def test_greedy_equals_llama_cpp_python(tiny_model, kind):
 
 def test_memory_invariant_every_round(tiny_model):
     with Engine(tiny_model("llama"), n_ctx=256) as eng:
-        slot = eng.submit(PROMPTS[0], n_predict=10)
-        while slot.state is not SlotState.DONE:
+        req = eng.submit(PROMPTS[0], n_predict=10)
+        slot = req.slot
+        while not req.done:
             eng.step()
             if slot.state is SlotState.GENERATING:
                 assert eng.ctx.memory.pos_max(slot.seq_id) == slot.n_past - 1
@@ -64,9 +65,9 @@ def test_abandoned_stream_frees_memory(tiny_model):
         assert eng.generate(PROMPTS[1], n_predict=8).tokens == again
 
 
-def test_exception_mid_round_restores_invariant(tiny_model, monkeypatch):
+def test_exception_mid_round_fails_the_request_only(tiny_model, monkeypatch):
     with Engine(tiny_model("llama"), n_ctx=256) as eng:
-        slot = eng.submit(PROMPTS[0], n_predict=20)
+        req = eng.submit(PROMPTS[0], n_predict=20)
         eng.step()
         eng.step()
         real_sample = L.Sampler.sample
@@ -75,10 +76,33 @@ def test_exception_mid_round_restores_invariant(tiny_model, monkeypatch):
             raise RuntimeError("sampler exploded")
 
         monkeypatch.setattr(L.Sampler, "sample", boom)
-        with pytest.raises(RuntimeError):
-            eng.step()
-        assert eng.ctx.memory.pos_max(0) == slot.n_past - 1
+        eng.step()  # the error stays in its request
         monkeypatch.setattr(L.Sampler, "sample", real_sample)
+        res = req.result()
+        assert res.finish_reason is FinishReason.ERROR and "sampler exploded" in res.error
+        assert eng.ctx.memory.pos_max(0) == -1  # its memory was released
+        full = eng.generate(PROMPTS[0], n_predict=20).tokens  # the engine keeps serving
+        assert len(res.tokens) >= 2 and res.tokens == full[: len(res.tokens)]  # what was emitted is kept
+
+
+def test_interrupt_mid_round_restores_invariant(tiny_model, monkeypatch):
+    with Engine(tiny_model("llama"), n_ctx=256) as eng:
+        req = eng.submit(PROMPTS[0], n_predict=20)
+        eng.step()
+        eng.step()
+        real_sample = L.Sampler.sample
+
+        def interrupt(self, ctx, idx):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(L.Sampler, "sample", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            eng.step()
+        monkeypatch.setattr(L.Sampler, "sample", real_sample)
+        assert eng.ctx.memory.pos_max(0) == req.slot.n_past - 1
+        while not req.done:
+            eng.step()
+        assert len(req.tokens) == 20
 
 
 def test_slots_batched_equal_single(tiny_model):
@@ -125,8 +149,8 @@ def test_bad_requests(tiny_model):
         with pytest.raises(UsageError, match="n_predict"):
             eng.submit([5], n_predict=-2)
         eng.submit([5], n_predict=3)
-        with pytest.raises(UsageError, match="busy"):
-            eng.submit([6])
+        queued = eng.submit([6])  # all slots busy: it waits for one
+        assert queued.state is RequestState.QUEUED and eng.n_queued == 1 and eng.n_deferred == 1
     with pytest.raises(UsageError):
         Engine(tiny_model("llama"), n_parallel=0)
 

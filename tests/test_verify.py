@@ -8,7 +8,9 @@ import math
 import numpy as np
 import pytest
 
-import llamaspec.verify as verify
+import llamaspec.verify.probs
+import llamaspec.verify.rules
+import llamaspec.verify.verifiers
 from llamaspec.synth import Mt19937Uniform
 from llamaspec.verify import (
     VerifyResult,
@@ -22,8 +24,12 @@ from llamaspec.verify import (
 
 
 def test_doctests():
-    res = doctest.testmod(verify)
-    assert res.failed == 0 and res.attempted > 15
+    attempted = 0
+    for mod in (llamaspec.verify.rules, llamaspec.verify.probs, llamaspec.verify.verifiers):
+        res = doctest.testmod(mod)
+        assert res.failed == 0, mod.__name__
+        attempted += res.attempted
+    assert attempted > 15
 
 
 # ---------------------------------------------------------------------------------------------- sample-and-match
@@ -255,11 +261,26 @@ def test_rejection_input_errors():
         rejection_verify(P_TGT, [1], [np.array([1.0, 0, 0, 0, 0, 0])], lambda: 0.5)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         rejection_verify(P_TGT, [9], [np.ones(V)], lambda: 0.5)
-    with pytest.raises(ValueError, match="has 3 entries"):
-        rejection_verify(P_TGT, [1], [np.ones(3)], lambda: 0.5)
+    # vocabularies of different sizes (padded): ids are compared, not positions
+    assert rejection_verify(P_TGT, [1], [np.ones(3)], lambda: 0.0).n_accepted == 1
     with pytest.raises(ValueError, match="no mass on the tokens the grammar allows"):
         rejection_verify(np.array([[1.0, 0, 0]] * 2), [0], [np.ones(3)], lambda: 0.5,
                          mask=[np.array([False, True, True]), None])
+
+
+def test_rejection_sparse_equals_dense():
+    """Sparse (ids, probs) rows give exactly the dense result for the same uniforms."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        p = rng.dirichlet(np.ones(V) * 0.3, size=4) * (rng.random((4, V)) > 0.3)
+        p[:, 0] += 1e-3
+        q = [rng.dirichlet(np.ones(V)) for _ in range(3)]
+        draft = [int(rng.choice(V, p=qi)) for qi in q]
+        us = rng.random(8)
+        dense = rejection_verify(p, draft, q, iter(us).__next__)
+        sp = [(np.flatnonzero(r)[::-1], r[np.flatnonzero(r)[::-1]]) for r in p]
+        sq = [(np.arange(V), qi) for qi in q]
+        assert rejection_verify(sp, draft, sq, iter(us).__next__) == dense
 
 
 # ---------------------------------------------------------------------------------------------- probs from logits

@@ -35,11 +35,12 @@ from .context import (
 )
 from .log import LLAMA_CPP_PYTHON_VERSION, backend_init, system_info
 from .model import TOKEN_NULL, Model, Vocab, render_builtin_chat_template
-from .sampler import DEFAULT_SEED, Sampler, SamplingParams
+from .sampler import DEFAULT_SEED, Candidates, Sampler, SamplingParams
 from .staging import model_target_layer_ids, staging
 
 __all__ = [
     "CONTEXT_TYPE_DEFAULT",
+    "Candidates",
     "CONTEXT_TYPE_MTP",
     "DEFAULT_SEED",
     "GGML_TYPE_F16",

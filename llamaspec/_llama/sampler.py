@@ -71,12 +71,26 @@ class Sampler(_Owned):
             self._model = model
 
     @classmethod
-    def from_params(cls, vocab: Vocab, params: SamplingParams) -> "Sampler":  # noqa: C901
+    def grammar_only(cls, vocab: Vocab, params: SamplingParams) -> "Sampler":
+        """The grammar of ``params`` alone (llama.cpp's ``common_sampler`` keeps it apart from the chain)."""
+        model = vocab.model  # raises when the model is closed
+        ptr = native.llama_sampler_init_grammar(
+            vocab.ptr, (params.grammar or "").encode("utf-8"), params.grammar_root.encode("utf-8")
+        )
+        if not ptr:
+            why = _last_native_error("see the llama.cpp log")
+            raise SamplerError(f"grammar does not parse: {why}")
+        return cls(ptr, params, model=model)
+
+    @classmethod
+    def from_params(cls, vocab: Vocab, params: SamplingParams, *, grammar: bool = True) -> "Sampler":  # noqa: C901
+        """The chain of ``params``; ``grammar=False`` leaves the grammar out (see :meth:`grammar_only`)."""
         params.validate()
-        model = vocab.model if params.grammar else None  # raises when the model is closed
+        use_grammar = bool(params.grammar) and grammar
+        model = vocab.model if use_grammar else None  # raises when the model is closed
         chain = native.llama_sampler_chain_init(native.llama_sampler_chain_default_params())
         add = lambda s: native.llama_sampler_chain_add(chain, s)  # noqa: E731
-        if params.grammar:
+        if use_grammar:
             grammar = native.llama_sampler_init_grammar(
                 vocab.ptr, params.grammar.encode("utf-8"), params.grammar_root.encode("utf-8")
             )
@@ -146,6 +160,23 @@ class Sampler(_Owned):
     def accept(self, token: int) -> None:
         native.llama_sampler_accept(self.live_ptr(), token)
 
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        """For a grammar sampler: which of ``ids`` it allows now (one ``llama_sampler_apply``)."""
+        ids = np.asarray(ids, dtype=np.int32).reshape(-1)
+        buf = np.zeros(ids.size, dtype=self._TOKEN_DATA)
+        buf["id"] = ids
+        buf["logit"] = 1.0
+        if ids.size:
+            arr = native.llama_token_data_array(
+                data=buf.ctypes.data_as(native.llama_token_data_p), size=ids.size, selected=-1, sorted=False
+            )
+            native.llama_sampler_apply(self.live_ptr(), ctypes.byref(arr))
+        return np.isfinite(buf["logit"])
+
+    def allows(self, token: int) -> bool:
+        """For a grammar sampler: whether it allows ``token`` now (llama.cpp's single-token check)."""
+        return bool(self.allowed(np.array([token]))[0])
+
     def reset(self) -> None:
         native.llama_sampler_reset(self.live_ptr())
 
@@ -166,3 +197,54 @@ class Sampler(_Owned):
         if model is not None:
             self._model = None
             model._release()
+
+
+class Candidates:
+    """A reusable ``llama_token_data_array`` over the whole vocabulary, filled from one row's logits, for
+    applying samplers the way ``common_sampler`` does (apply, read ``selected``, read the kept ``p``)."""
+
+    def __init__(self, n_vocab: int):
+        self.buf = np.zeros(n_vocab, dtype=Sampler._TOKEN_DATA)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self.arr = native.llama_token_data_array(
+            data=self.buf.ctypes.data_as(native.llama_token_data_p), size=n_vocab, selected=-1, sorted=False
+        )
+
+    def fill(self, logits: np.ndarray) -> None:
+        n = self.buf.shape[0]
+        if logits.shape[0] < n:
+            raise SamplerError(f"a row has {logits.shape[0]} logits, the vocabulary {n} tokens")
+        self.buf["id"] = self._ids
+        self.buf["logit"] = logits[:n]
+        self.buf["p"] = 0.0
+        self.arr.data = self.buf.ctypes.data_as(native.llama_token_data_p)
+        self.arr.size = n
+        self.arr.selected = -1
+        self.arr.sorted = False
+
+    def apply(self, sampler: Sampler) -> int:
+        """Apply ``sampler`` (its state advances: the random stream of ``dist``); the selected token id, or -1
+        when the sampler selects none (a grammar)."""
+        native.llama_sampler_apply(sampler.live_ptr(), ctypes.byref(self.arr))
+        sel = self.arr.selected
+        if sel < 0:
+            return -1
+        if sel >= self.arr.size:
+            raise SamplerError("the sampler chain selected no token")
+        return int(self.buf["id"][sel])
+
+    def apply_clone(self, sampler: Sampler) -> int:
+        """:meth:`apply` on a throw-away clone: the candidates change, ``sampler`` does not."""
+        ptr = native.llama_sampler_clone(sampler.live_ptr())
+        try:
+            native.llama_sampler_apply(ptr, ctypes.byref(self.arr))
+        finally:
+            native.llama_sampler_free(ptr)
+        sel = self.arr.selected
+        return int(self.buf["id"][sel]) if 0 <= sel < self.arr.size else -1
+
+    def kept(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, p)`` of the candidates left after the last apply (``p`` as ``dist`` normalised it)."""
+        n = int(self.arr.size)
+        part = self.buf[:n]
+        return part["id"].astype(np.int64), part["p"].astype(np.float64)

@@ -28,11 +28,24 @@ class DraftParams:
     id_last: int = -1
     prompt: Sequence[int] = field(default_factory=list)
     result: list[int] = field(default_factory=list)
-    probs: list[np.ndarray] | None = None
+    probs: "list[np.ndarray | tuple[np.ndarray, np.ndarray]] | None" = None
 
 
 class Drafter:
-    """Base class: ``begin / process / draft / accept`` with no-op defaults.
+    """The whole protocol the chain and the engine use; everything but ``draft`` has a no-op default.
+
+    llama.cpp's four calls (spec §1.3): ``begin`` once per request, ``process`` after every target decode,
+    ``draft`` for every sequence with ``drafting`` set, ``accept`` after verification. Beyond llama.cpp:
+
+    - ``configure_sampling(seq_id, temp, seed)``: at submit, the temperature drafts of ``seq_id`` should be
+      sampled at (> 0 only for rejection-sampling verification; 0 = llama.cpp's argmax drafts). Drafters
+      that sample fill ``DraftParams.probs``; the default ignores it (n-gram drafts are deterministic).
+    - ``reuse_kv``: True when the drafter keeps what it decoded while drafting in the draft context and
+      skips those rows in ``process`` (the engine then does not trim the draft context after drafting).
+      The engine sets it to False where the draft memory cannot be trimmed.
+    - ``reset(seq_id)``: forget per-sequence caches after an error in the round (the engine has rolled
+      memory back to the committed tokens) or when a request is cancelled.
+    - ``get_state / set_state``: per-sequence state saved with prompt checkpoints (spec §7.6).
 
     Subclasses set ``type`` (llama.cpp's type name, e.g. ``"ngram-mod"``) and ``n_max`` (the effective
     maximum draft length after implementation-specific clamping). The chain owns ``stats`` updates and
@@ -40,6 +53,7 @@ class Drafter:
     """
 
     type: str = "none"
+    reuse_kv: bool = False
 
     def __init__(self, n_seq: int):
         self.n_seq = n_seq
@@ -59,6 +73,12 @@ class Drafter:
 
     def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
         """Feedback after verification; ``is_other`` = another implementation produced the draft."""
+
+    def configure_sampling(self, seq_id: int, temp: float, seed: int) -> None:
+        """Draft temperature for ``seq_id`` (see the class docstring); default: argmax drafts only."""
+
+    def reset(self, seq_id: int) -> None:
+        """Drop per-sequence caches that may no longer match memory (after an error or a cancel)."""
 
     def get_state(self, seq_id: int) -> bytes | None:
         return None

@@ -9,7 +9,8 @@ draft stops before a token with ``p < p_min``.
 
 Beyond llama.cpp (for rejection-sampling verification, ``beyond-vendored.md`` §1): when a sequence is
 configured with a temperature > 0, the draft **samples** from ``top_k -> temperature`` with its own random
-stream (seed XOR 0x85ebca6b) and records that distribution ``q`` per drafted token in ``DraftParams.probs``.
+stream (seed XOR 0x85ebca6b) and records that distribution (sparse ``(ids, probs)`` of its top-k candidates)
+per drafted token in ``DraftParams.probs``.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import _llama as L
+from .. import _llama as llama
 from ..errors import DecodeError, LlamaSpecError, UsageError, VocabMismatchError
 from ..params import DraftModelParams
 from ..vocab import check_vocab_compat, incompatibility_message, is_compatible
@@ -63,7 +64,7 @@ class _SampleCfg:
 class DraftSimple(Drafter):
     type = "draft-simple"
 
-    def __init__(self, n_seq: int, params: DraftModelParams, ctx_tgt: L.Context, ctx_dft: L.Context):
+    def __init__(self, n_seq: int, params: DraftModelParams, ctx_tgt: llama.Context, ctx_dft: llama.Context):
         super().__init__(n_seq)
         if params.n_max < 0:
             raise UsageError(f"--spec-draft-n-max must be >= 0, got {params.n_max}")
@@ -83,7 +84,11 @@ class DraftSimple(Drafter):
         #: with ``reuse_kv``: per seq, (pos0, tokens decoded in the draft context by the last draft())
         self.reuse_kv = params.reuse_kv
         self._decoded: list[tuple[int, list[int]] | None] = [None] * n_seq
-        sup = ctx_dft.model.vocab.suppress_tokens
+        # never propose what the target cannot decode: the suppress list (llama.cpp's -inf logit bias) and,
+        # for a draft with the larger (padded) vocabulary, every id past the target's
+        self.n_vocab_tgt = ctx_tgt.model.vocab.n_tokens
+        n_vocab_dft = ctx_dft.model.vocab.n_tokens
+        sup = sorted(set(ctx_dft.model.vocab.suppress_tokens) | set(range(self.n_vocab_tgt, n_vocab_dft)))
         self._suppress = np.array(sup, dtype=np.int64) if sup else None
 
     # -- sampling mode (rejection-sampling verification) ------------------------------------------
@@ -96,8 +101,8 @@ class DraftSimple(Drafter):
             return
         if cur is not None and cur.temp == temp and cur.seed == seed:
             return
-        dseed = seed if seed == L.DEFAULT_SEED else (seed ^ SEED_MIX)
-        rng = np.random.default_rng(None if dseed == L.DEFAULT_SEED else dseed)
+        dseed = seed if seed == llama.DEFAULT_SEED else (seed ^ SEED_MIX)
+        rng = np.random.default_rng(None if dseed == llama.DEFAULT_SEED else dseed)
         self._sample[seq_id] = _SampleCfg(temp, seed, rng)
 
     def _pick(self, seq_id: int, logits: np.ndarray, dp: DraftParams) -> tuple[int, float]:
@@ -109,31 +114,28 @@ class DraftSimple(Drafter):
             logits[self._suppress] = -np.inf
         k = min(DRAFT_TOP_K, logits.shape[0])
         idx = np.argpartition(logits, logits.shape[0] - k)[-k:]
+        idx = np.sort(idx)  # draws go by token id
         z = logits[idx].astype(np.float64) / cfg.temp
         z = np.exp(z - z.max())
         z /= z.sum()
-        q = np.zeros(logits.shape[0], dtype=np.float64)
-        q[idx] = z
         # inverse CDF over token ids (deterministic given the uniform)
         u = cfg.rng.random()
-        order = np.sort(idx)
-        c = np.cumsum(q[order])
-        tok = int(order[min(int(np.searchsorted(c, u * c[-1], side="right")), len(order) - 1)])
+        c = np.cumsum(z)
+        j = min(int(np.searchsorted(c, u * c[-1], side="right")), len(idx) - 1)
         if dp.probs is None:
             dp.probs = []
-        dp.probs.append(q)
-        return tok, float(q[tok])
+        dp.probs.append((idx, z))  # p_dft, sparse: the 10 candidates (ids < the target's vocabulary)
+        return int(idx[j]), float(z[j])
 
     # -- protocol ---------------------------------------------------------------------------------
-    def keeps_draft_kv(self) -> bool:
-        """Whether the engine must leave drafted tokens in the draft context (``reuse_kv``)."""
-        return self.reuse_kv
+    def reset(self, seq_id: int) -> None:
+        self._decoded[seq_id] = None
 
-    def _skip_decoded(self, rows: Sequence[L.Row]) -> list[L.Row]:
+    def _skip_decoded(self, rows: Sequence[llama.Row]) -> list[llama.Row]:
         """``reuse_kv``: drop the leading rows of each seq that drafting already decoded at the same positions
         (the verification batch starts with ``id_last`` at ``pos0``, then the draft); whatever drafting decoded
         beyond the matching prefix is removed from the draft context before the rest is decoded."""
-        out: list[L.Row] = []
+        out: list[llama.Row] = []
         i, n = 0, len(rows)
         while i < n:
             seq = rows[i].seq_id
@@ -160,7 +162,7 @@ class DraftSimple(Drafter):
                 self._decoded[seq] = None
         return out
 
-    def process(self, rows: Sequence[L.Row]) -> bool:
+    def process(self, rows: Sequence[llama.Row]) -> bool:
         if not rows:
             return True
         if self.reuse_kv and any(d is not None for d in self._decoded):
@@ -168,21 +170,20 @@ class DraftSimple(Drafter):
             if not rows:
                 return True
         n = len(rows)
-        mirrored = [L.Row(r.token, r.pos, r.seq_id, i == n - 1) for i, r in enumerate(rows) if r.token is not None]
+        mirrored = [llama.Row(r.token, r.pos, r.seq_id, i == n - 1) for i, r in enumerate(rows) if r.token is not None]
         if not mirrored:
             return True
         try:
-            for start in range(0, len(mirrored), self.ctx_dft.n_batch):
-                chunk = mirrored[start : start + self.ctx_dft.n_batch]
+            for chunk in llama.chunks(mirrored, self.ctx_dft.n_batch):
                 if not chunk[-1].output:
-                    chunk = chunk[:-1] + [L.Row(chunk[-1].token, chunk[-1].pos, chunk[-1].seq_id, True)]
+                    chunk = chunk[:-1] + [llama.Row(chunk[-1].token, chunk[-1].pos, chunk[-1].seq_id, True)]
                 self.ctx_dft.decode(chunk)
         except DecodeError as e:
             log.error("draft-simple: mirroring a target batch into the draft context failed: %s", e)
             return False
         return True
 
-    def _decode_step(self, rows: list[L.Row]) -> bool:
+    def _decode_step(self, rows: list[llama.Row]) -> bool:
         """One drafting decode; with ``reuse_kv`` remember what now sits in the draft context per seq."""
         try:
             self.ctx_dft.decode(rows)
@@ -206,12 +207,12 @@ class DraftSimple(Drafter):
         requested = list(active)
         for s in active:
             self._decoded[s] = None
-        if not self._decode_step([L.Row(params[s].id_last, params[s].pos0, s, True) for s in active]):
+        if not self._decode_step([llama.Row(params[s].id_last, params[s].pos0, s, True) for s in active]):
             return
         p_min = self.params.p_min
         i = 0
         while True:
-            next_rows: list[L.Row] = []
+            next_rows: list[llama.Row] = []
             next_active: list[int] = []
             for k, s in enumerate(active):
                 dp = params[s]
@@ -223,7 +224,7 @@ class DraftSimple(Drafter):
                 dp.result.append(tok)
                 if len(dp.result) >= self.n_max or (dp.n_max > 0 and len(dp.result) >= dp.n_max):
                     continue
-                next_rows.append(L.Row(tok, dp.pos0 + i + 1, s, True))
+                next_rows.append(llama.Row(tok, dp.pos0 + i + 1, s, True))
                 next_active.append(s)
             if not next_rows or not self._decode_step(next_rows):
                 break

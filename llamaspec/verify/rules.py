@@ -1,4 +1,4 @@
-"""Verification of a draft against the target: pure functions (numpy only, no llama.cpp).
+"""The verification rules: pure functions (numpy only, no llama.cpp).
 
 Three verifiers, each reached through small callbacks so it can be tested without a model:
 
@@ -18,8 +18,8 @@ Names: ``p_tgt`` is the target's distribution at a row, ``p_dft`` the draft's di
 token was sampled from. Outcomes: *accepted* (a draft token kept), *recovered* (the token drawn instead
 of a rejected draft token), *bonus* (the extra token after a fully accepted draft).
 
-:func:`probs_from_logits` and :func:`draft_probs` turn logits into ``p_tgt`` / ``p_dft`` the way the
-engine's llama.cpp sampler chains do (top-k -> top-p -> min-p -> temperature -> dist).
+:mod:`llamaspec.verify.probs` turns logits into ``p_tgt`` / ``p_dft``; :mod:`llamaspec.verify.verifiers`
+binds these rules to a request's sampler and rows.
 """
 from __future__ import annotations
 
@@ -28,15 +28,7 @@ from typing import Callable, Sequence, Union
 
 import numpy as np
 
-__all__ = [
-    "VerifyResult",
-    "sample_and_match",
-    "replay",
-    "rejection_verify",
-    "sample_from_probs",
-    "probs_from_logits",
-    "draft_probs",
-]
+__all__ = ["VerifyResult", "sample_and_match", "replay", "rejection_verify", "sample_from_probs", "sparse_dist"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -159,11 +151,14 @@ def sample_from_probs(probs: np.ndarray, u: float) -> int:
     return i
 
 
-RowSource = Union[np.ndarray, Sequence[np.ndarray], Callable[[int], np.ndarray]]
+#: a distribution over token ids: a dense vector (index = id), or sparse ``(ids, probs)`` listing only the ids
+#: with mass (any order; the target's samplers keep a few dozen candidates of a vocabulary of 10^5)
+Dist = Union[np.ndarray, "tuple[np.ndarray, np.ndarray]"]
+RowSource = Union[np.ndarray, Sequence[Dist], Callable[[int], Dist]]
 MaskSource = Union[None, Sequence[Union[np.ndarray, None]], Callable[[int], Union[np.ndarray, None]]]
 
 
-def _getter(src, what: str):
+def _getter(src):
     if src is None:
         return lambda i: None
     if callable(src):
@@ -171,13 +166,46 @@ def _getter(src, what: str):
     return lambda i: src[i]
 
 
-def _target_row(raw, mask, i: int) -> np.ndarray:
-    p = np.asarray(raw, dtype=np.float64).reshape(-1)
+def sparse_dist(dist: Dist) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, weights)`` of the ids with positive weight, ids ascending (so draws by token id match the
+    dense form). Weights are not normalised.
+
+    >>> sparse_dist(np.array([0.0, 0.5, 0.0, 0.5]))
+    (array([1, 3]), array([0.5, 0.5]))
+    >>> sparse_dist((np.array([7, 2]), np.array([0.25, 0.75])))
+    (array([2, 7]), array([0.75, 0.25]))
+    """
+    if isinstance(dist, tuple):
+        ids = np.asarray(dist[0], dtype=np.int64).reshape(-1)
+        w = np.asarray(dist[1], dtype=np.float64).reshape(-1)
+        if ids.shape != w.shape:
+            raise ValueError(f"a sparse distribution has {ids.size} ids and {w.size} probabilities")
+        order = np.argsort(ids, kind="stable")
+        ids, w = ids[order], w[order]
+        keep = w > 0.0
+        return ids[keep], w[keep]
+    v = np.asarray(dist, dtype=np.float64).reshape(-1)
+    ids = np.flatnonzero(v > 0.0)
+    return ids, v[ids]
+
+
+def _weights_at(ids: np.ndarray, w: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The weights of ``at`` (ids) in the sparse ``(ids, w)``; 0 where absent."""
+    if ids.size == 0:
+        return np.zeros(at.shape, dtype=np.float64)
+    j = np.minimum(np.searchsorted(ids, at), ids.size - 1)
+    return np.where(ids[j] == at, w[j], 0.0)
+
+
+def _target_row(raw, mask, i: int) -> tuple[np.ndarray, np.ndarray]:
+    if mask is not None and not isinstance(raw, tuple):
+        m = np.asarray(mask, dtype=bool).reshape(-1)
+        if m.size != np.asarray(raw).size:
+            raise ValueError(f"rejection_verify: mask of row {i} has {m.size} entries, p_tgt has {np.asarray(raw).size}")
+    ids, p = sparse_dist(raw)
     if mask is not None:
         m = np.asarray(mask, dtype=bool).reshape(-1)
-        if m.shape != p.shape:
-            raise ValueError(f"rejection_verify: mask of row {i} has {m.size} entries, p_tgt has {p.size}")
-        p = np.where(m, p, 0.0)
+        p = np.where(ids < m.size, m[np.minimum(ids, m.size - 1)], False) * p
     s = p.sum()
     if not s > 0.0 or not np.isfinite(s):
         raise ValueError(
@@ -185,7 +213,7 @@ def _target_row(raw, mask, i: int) -> np.ndarray:
             + (" on the tokens the grammar allows; compute it with probs_from_logits(..., mask=allowed)"
                " (grammar first) instead" if mask is not None else "")
         )
-    return p / s
+    return ids, p / s
 
 
 def rejection_verify(
@@ -202,12 +230,14 @@ def rejection_verify(
 
     Arguments:
 
-    - ``p_tgt``: the target's distribution for rows ``0..d`` over the whole vocabulary, after its own
-      sampler transformations (see :func:`probs_from_logits`): a ``(d+1, n_vocab)`` array, a list of
-      vectors, or a callable ``row -> vector``. Rows are read in order and only as far as needed.
+    - ``p_tgt``: the target's distribution for rows ``0..d``, after its own sampler transformations (the
+      engine asks llama.cpp's samplers, see :meth:`llamaspec.sampler.TargetSampler.probs`): a
+      ``(d+1, n_vocab)`` array, a list of :data:`Dist` (dense vectors or sparse ``(ids, probs)``), or a
+      callable ``row -> Dist``. Rows are read in order and only as far as needed.
     - ``draft``: the ``d`` drafted token ids; ``draft[i]`` must have been **sampled** from ``p_dft[i]``.
-    - ``p_dft``: for each drafted position the full-vocabulary distribution the drafter sampled from
-      (after its top-k and temperature, see :func:`draft_probs`).
+    - ``p_dft``: for each drafted position the distribution the drafter sampled from (after its top-k and
+      temperature, see :func:`draft_probs`), dense or sparse. Draft and target vocabularies may differ in
+      size (padded vocabularies): ids are compared, not positions.
     - ``uniform``: the target's own random stream, one uniform in [0, 1) per call (e.g. an
       :class:`~llamaspec.synth.Mt19937Uniform` seeded with the target seed). Never the draft's stream.
     - ``mask``: optional grammar: per row a boolean vector of allowed token ids (or None = no
@@ -247,8 +277,8 @@ def rejection_verify(
     d = len(draft)
     if len(p_dft) != d:
         raise ValueError(f"rejection_verify: {len(p_dft)} p_dft vectors for a draft of {d}")
-    row_of = _getter(p_tgt, "p_tgt")
-    mask_of = _getter(mask, "mask")
+    row_of = _getter(p_tgt)
+    mask_of = _getter(mask)
     tokens: list[int] = []
 
     def emit(t: int) -> None:
@@ -257,139 +287,32 @@ def rejection_verify(
             accept(t)
 
     for i in range(d):
-        p = _target_row(row_of(i), mask_of(i), i)
-        q = np.asarray(p_dft[i], dtype=np.float64).reshape(-1)
-        if q.shape != p.shape:
-            raise ValueError(f"rejection_verify: p_dft of position {i} has {q.size} entries, p_tgt has {p.size}")
-        qs = q.sum()
+        raw = row_of(i)
+        ids_t, p = _target_row(raw, mask_of(i), i)
         x = int(draft[i])
-        if not 0 <= x < p.size:
-            raise ValueError(f"rejection_verify: draft token {x} at position {i} is outside the vocabulary ({p.size})")
-        if not qs > 0.0 or not np.isfinite(qs) or q[x] <= 0.0:
+        if x < 0 or (not isinstance(raw, tuple) and x >= np.asarray(raw).size):
+            raise ValueError(f"rejection_verify: draft token {x} at position {i} is outside the vocabulary "
+                             f"({np.asarray(raw).size})")
+        ids_q, q = sparse_dist(p_dft[i])
+        qs = q.sum()
+        q_x = float(_weights_at(ids_q, q, np.array([x]))[0])
+        if not qs > 0.0 or not np.isfinite(qs) or q_x <= 0.0:
             raise ValueError(
                 f"rejection_verify: draft token {x} at position {i} has p_dft = 0; it must be sampled from p_dft"
             )
-        q = q / qs
-        if uniform() * q[x] < p[x]:
+        p_x = float(_weights_at(ids_t, p, np.array([x]))[0])
+        if uniform() * (q_x / qs) < p_x:
             emit(x)
             if is_eog is not None and i + 1 < d and is_eog(x):
                 return VerifyResult(tokens, i + 1, False, False)
             continue
-        residual = np.maximum(p - q, 0.0)
+        # the residual max(0, p_tgt - p_dft) lives on the target's ids (p_tgt = 0 elsewhere)
+        residual = np.maximum(p - _weights_at(ids_q, q, ids_t) / qs, 0.0)
         if not residual.sum() > 0.0:
             residual = p
-        emit(sample_from_probs(residual, uniform()))
+        emit(int(ids_t[sample_from_probs(residual, uniform())]))
         return VerifyResult(tokens, i, True, False)
 
-    p = _target_row(row_of(d), mask_of(d), d)
-    emit(sample_from_probs(p, uniform()))
+    ids_t, p = _target_row(row_of(d), mask_of(d), d)
+    emit(int(ids_t[sample_from_probs(p, uniform())]))
     return VerifyResult(tokens, d, False, True)
-
-
-# --------------------------------------------------------------------------------------------------
-# distributions from logits (llama.cpp's sampler pipeline)
-# --------------------------------------------------------------------------------------------------
-
-
-def _softmax32(logits: np.ndarray) -> np.ndarray:
-    """llama.cpp's float softmax: ``expf(l - max)``, sequential float sum, divide."""
-    e = np.exp(logits - logits.max(), dtype=np.float32)
-    s = np.cumsum(e, dtype=np.float32)[-1]
-    return e / s
-
-
-def probs_from_logits(
-    logits: np.ndarray,
-    temp: float,
-    top_k: int = 40,
-    top_p: float = 0.95,
-    min_p: float = 0.05,
-    *,
-    mask: np.ndarray | None = None,
-) -> np.ndarray:
-    """The full-vocabulary distribution the target's sampler chain samples from:
-    ``[grammar] -> top-k -> top-p -> min-p -> temperature -> dist`` (the engine's chain, in llama.cpp's
-    common order). Returns a float64 vector over token ids, 0 for every token the chain removed.
-
-    Semantics, as llama.cpp's samplers implement them (float32 arithmetic like the C code):
-
-    - ``mask`` (grammar first): tokens outside it get logit -inf before anything else. This is the
-      distribution of llama.cpp's grammar resample path.
-    - top-k: ``k <= 0`` keeps everything; otherwise the ``min(k, n)`` largest logits.
-    - top-p: ``p >= 1`` does nothing; otherwise softmax over the remaining candidates **at temperature 1**
-      (temperature comes later in the chain), sorted descending, and the shortest prefix whose float
-      cumulative sum reaches ``p`` (``cum >= p``) is kept, with ``min_keep = 1``; if rounding keeps the
-      sum below ``p``, everything stays.
-    - min-p: ``p <= 0`` does nothing; otherwise keeps tokens with ``logit >= max_logit + log(p)``, i.e.
-      probability at least ``p`` times the most likely remaining token's, again at temperature 1. The top
-      token always stays.
-    - temperature: logits divided by ``temp``; ``temp <= 0`` keeps only the largest logit (point mass).
-    - dist: softmax of what is left.
-
-    Differences from llama.cpp, all at tie / rounding level: logit ties at a top-k or top-p cut are
-    broken by lower token id (llama.cpp's partial sort leaves that order unspecified); the float sums run
-    in sorted order, where llama.cpp sums an unsorted candidate array in id order, so a cumulative sum
-    landing within one float ulp of ``top_p`` may cut one token differently. Penalties (repeat,
-    frequency, presence) are not applied here: pass logits that already carry them.
-
-    >>> logits = np.log(np.array([0.05, 0.5, 0.3, 0.1, 0.05]))
-    >>> np.round(probs_from_logits(logits, 1.0, top_k=0, top_p=1.0, min_p=0.0), 3)
-    array([0.05, 0.5 , 0.3 , 0.1 , 0.05])
-    >>> np.round(probs_from_logits(logits, 1.0, top_k=2, top_p=1.0, min_p=0.0), 3)   # top-k 2
-    array([0.   , 0.625, 0.375, 0.   , 0.   ])
-    >>> np.round(probs_from_logits(logits, 1.0, top_k=0, top_p=0.75, min_p=0.0), 3)  # 0.5 + 0.3 >= 0.75
-    array([0.   , 0.625, 0.375, 0.   , 0.   ])
-    >>> np.round(probs_from_logits(logits, 1.0, top_k=0, top_p=1.0, min_p=0.2), 3)   # keep p >= 0.2 * 0.5
-    array([0.   , 0.556, 0.333, 0.111, 0.   ])
-    >>> probs_from_logits(logits, 0.0).tolist()                                       # greedy
-    [0.0, 1.0, 0.0, 0.0, 0.0]
-    """
-    x = np.array(logits, dtype=np.float32).reshape(-1)
-    n = x.size
-    if n == 0:
-        raise ValueError("probs_from_logits: empty logits")
-    if mask is not None:
-        m = np.asarray(mask, dtype=bool).reshape(-1)
-        if m.shape != x.shape:
-            raise ValueError(f"probs_from_logits: mask has {m.size} entries, logits have {n}")
-        if not m.any():
-            raise ValueError("probs_from_logits: the mask allows no token")
-        x[~m] = -np.inf
-    # candidates sorted by logit, descending; ties by lower id (stable sort of the negated logits)
-    cand = np.argsort(-x, kind="stable")
-    if mask is not None:
-        cand = cand[x[cand] > -np.inf]  # the grammar's -inf rows would get probability 0 anyway
-    if top_k > 0:
-        cand = cand[: min(int(top_k), cand.size)]
-    if top_p < 1.0:
-        cum = np.cumsum(_softmax32(x[cand]), dtype=np.float32)
-        hit = np.flatnonzero(cum >= np.float32(top_p))
-        if hit.size:
-            cand = cand[: int(hit[0]) + 1]
-    if min_p > 0.0:
-        min_logit = np.float32(x[cand[0]] + np.float32(np.log(np.float32(min_p))))
-        keep = x[cand] >= min_logit
-        keep[0] = True
-        cand = cand[keep]
-    out = np.zeros(n, dtype=np.float64)
-    if temp <= 0.0:
-        out[cand[0]] = 1.0
-        return out
-    scaled = x[cand] / np.float32(temp)
-    e = np.exp(scaled - scaled.max(), dtype=np.float32).astype(np.float64)
-    out[cand] = e / e.sum()
-    return out
-
-
-def draft_probs(logits: np.ndarray, temp: float, top_k: int) -> np.ndarray:
-    """The draft sampler's distribution when it samples for rejection verification: top-k followed by
-    temperature, then a draw (beyond-vendored §1; ``Sampler.top_k_dist(k, seed, temp)`` in the engine).
-    ``temp <= 0`` gives the argmax as a point mass; ``top_k <= 0`` keeps every token.
-
-    >>> logits = np.log(np.array([0.1, 0.6, 0.3]))
-    >>> np.round(draft_probs(logits, 1.0, top_k=2), 3)
-    array([0.   , 0.667, 0.333])
-    >>> np.round(draft_probs(logits, 0.5, top_k=0), 3)   # temperature 0.5 squares and renormalises
-    array([0.022, 0.783, 0.196])
-    """
-    return probs_from_logits(logits, temp, top_k=top_k, top_p=1.0, min_p=0.0)

@@ -1,0 +1,172 @@
+"""An Engine's native parts, built from its arguments (spec §7.1, start-up): models, target and draft
+contexts with their output limits, the probed memory levels, the chain and the synthetic-acceptance rates.
+
+:func:`build_parts` does what llama-server does at start-up, in its order:
+
+0. check the GPU-offload and thread settings (:func:`check_device_params`), before anything loads;
+1. load the target; clamp ``n_ctx`` to its training context;
+2. the target context, sized for the longest draft any drafter may propose (§5.1 output limits);
+3. probe the target's memory level; NO turns speculation off (with a warning);
+4. the draft model and its context (one output row per sequence), when a drafter needs it;
+5. the chain: the caller's drafters, or those ``spec`` enables (priority order, §3.1);
+6. probe the draft memory; a draft context no drafter uses is freed;
+7. draft-KV reuse only where the draft memory can trim (PART), synthetic rates resolved against the chain.
+
+Everything built is freed again if a later step raises.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from . import _llama as llama
+from .chain import Chain, build_chain
+from .drafters.base import Drafter
+from ._llama.model import _is_int, check_offload
+from .errors import UsageError
+from .params import SpecParams
+from .probe import Level, can_seq_rm
+from .synth import conditional_probs, resolve_synth_rates
+
+log = logging.getLogger("llamaspec")
+
+DRAFT_HEAD_ARCHS = ("eagle3", "dflash")
+
+
+def check_device_params(*, n_gpu_layers: int | None = None, n_gpu_layers_draft: int | None = None,
+                        main_gpu: int | None = None, split_mode: str | None = None,
+                        tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
+                        n_threads_batch: int | None = None, n_threads_draft: int | None = None) -> None:
+    """Validate an Engine's GPU-offload and thread settings (None = llama.cpp's default): one
+    :class:`UsageError` line naming the argument and its CLI flag."""
+    for name, flag, v in (("n_threads", "-t", n_threads), ("n_threads_batch", "-tb", n_threads_batch),
+                          ("n_threads_draft", "-td", n_threads_draft)):
+        if v is not None and (not _is_int(v) or v < 1):
+            raise UsageError(f"{name} ({flag}) must be an integer >= 1, got {v!r}")
+    check_offload(n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split)
+    check_offload(n_gpu_layers=n_gpu_layers_draft, draft=True)
+
+
+@dataclass
+class EngineParts:
+    model: llama.Model
+    ctx: llama.Context
+    tgt_level: Level
+    model_dft: llama.Model | None = None
+    ctx_dft: llama.Context | None = None
+    dft_level: Level = Level.NO
+    chain: Chain | None = None
+    #: synthetic acceptance: conditional acceptance probability per draft position (spec §2.3)
+    synth_cond: list[float] | None = None
+    #: drafters keep what they decoded while drafting (``reuse_kv``, PART draft memories only)
+    keep_drafted: bool = False
+    #: what the engine must close, in creation order (closed in reverse)
+    owned: list = field(default_factory=list)
+
+
+def build_parts(
+    target: "llama.Model | str | Path",
+    draft: "llama.Model | str | Path | None",
+    spec: SpecParams,
+    drafters: Sequence[Drafter] | None,
+    *,
+    n_ctx: int,
+    n_parallel: int,
+    n_batch: int,
+    n_ubatch: int | None,
+    n_threads: int | None,
+    n_threads_draft: int | None,
+    flash_attn: bool | None,
+    kv_f32: bool,
+    n_rs_seq: int | None,
+    n_threads_batch: int | None = None,
+    n_gpu_layers: int | None = None,
+    n_gpu_layers_draft: int | None = None,
+    main_gpu: int | None = None,
+    split_mode: str | None = None,
+    tensor_split: Sequence[float] | None = None,
+) -> EngineParts:
+    check_device_params(n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, main_gpu=main_gpu,
+                        split_mode=split_mode, tensor_split=tensor_split, n_threads=n_threads,
+                        n_threads_batch=n_threads_batch, n_threads_draft=n_threads_draft)
+    owned: list = []
+
+    def own(obj):
+        owned.append(obj)
+        return obj
+
+    # the draft inherits the target's placement across GPUs; only its layer count is its own (as llama.cpp)
+    placement = dict(main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split)
+
+    def own_model(m, ngl: int | None) -> llama.Model:
+        if isinstance(m, llama.Model):
+            if ngl is not None or any(v is not None for v in placement.values()):
+                log.warning("%s is already loaded: the GPU offload settings do not apply to it", m.path.name)
+            return m
+        return own(llama.Model(m, n_gpu_layers=ngl, **placement))
+
+    try:
+        model = own_model(target, n_gpu_layers)
+        if model.arch in DRAFT_HEAD_ARCHS:
+            raise UsageError(f"{model.path.name} is a {model.arch} draft head, not a standalone model: "
+                             "use it as a draft for its target model")
+        if model.n_ctx_train > 0 and n_ctx > model.n_ctx_train:
+            log.info("n_ctx %d > n_ctx_train %d of %s: clamped", n_ctx, model.n_ctx_train, model.path.name)
+            n_ctx = model.n_ctx_train
+        speculating = not spec.types_are_default or spec.has_synth() or bool(drafters)
+        n_draft = spec.n_max_of_types() if speculating else 0
+        if drafters:
+            n_draft = max([n_draft] + [max(0, d.n_max) for d in drafters])
+        n_out, n_out_seq = llama.output_limits(n_batch, n_parallel, n_draft)
+        common = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch or n_batch, n_seq_max=n_parallel,
+                      n_threads=n_threads, n_threads_batch=n_threads_batch or n_threads, flash_attn=flash_attn,
+                      kv_f32=kv_f32)
+        ctx = own(llama.Context(model, llama.ContextParams(
+            n_rs_seq=spec.need_n_rs_seq() if n_rs_seq is None else n_rs_seq,
+            n_outputs_max=n_out, n_outputs_max_per_seq=n_out_seq, **common)))
+        parts = EngineParts(model, ctx, can_seq_rm(ctx) if speculating else Level.PART, owned=owned)
+        if speculating and parts.tgt_level is Level.NO:
+            log.warning("the target context has no memory to roll back (level NO): speculative decoding is off")
+            speculating = False
+        if speculating and draft is not None:
+            parts.model_dft = own_model(draft, n_gpu_layers_draft)
+            if parts.model_dft.arch in DRAFT_HEAD_ARCHS:
+                raise UsageError(f"draft {parts.model_dft.path.name} is a {parts.model_dft.arch} head; its drafter "
+                                 f"(draft-{parts.model_dft.arch}) is not implemented yet in llamaspec: use a small "
+                                 "standalone model of the target's family as the draft")
+            # llama.cpp: -td defaults to -t; the draft's batch threads (-tbd) default to the target's -tb
+            common["n_threads"] = n_threads_draft or n_threads
+            parts.ctx_dft = own(llama.Context(parts.model_dft, llama.ContextParams(
+                n_rs_seq=0, n_outputs_max=n_parallel, n_outputs_max_per_seq=1, **common)))
+        if speculating and drafters:
+            bad = [d for d in drafters if d.n_seq != n_parallel]
+            if bad:
+                raise UsageError(f"drafter {bad[0].type} was built for n_seq={bad[0].n_seq}, the engine has {n_parallel} slots")
+            parts.chain = Chain(list(drafters), n_parallel)
+        elif speculating:
+            parts.chain = build_chain(spec, n_parallel, ctx, parts.ctx_dft)
+            if parts.chain is not None:
+                owned.append(parts.chain)
+        if parts.chain is not None and parts.ctx_dft is not None:
+            parts.dft_level = can_seq_rm(parts.ctx_dft)
+        if parts.chain is None and parts.ctx_dft is not None:
+            parts.ctx_dft.close()
+            parts.ctx_dft = None
+        if parts.chain is not None and spec.has_synth():
+            rates = resolve_synth_rates(spec.synth_len, spec.synth_rates, parts.chain.n_max)
+            parts.synth_cond = conditional_probs(rates) if rates else None
+    except BaseException:
+        for obj in reversed(owned):
+            obj.close()
+        raise
+    # draft-KV reuse (beyond llama.cpp) only where the draft memory can be trimmed afterwards
+    for d in (parts.chain.impls if parts.chain else []):
+        if d.reuse_kv:
+            if parts.dft_level is Level.PART:
+                parts.keep_drafted = True
+            else:
+                d.reuse_kv = False
+                log.info("draft KV reuse needs a trimmable (PART) draft memory; using llama.cpp's re-decode")
+    return parts

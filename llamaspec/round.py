@@ -1,0 +1,286 @@
+"""The speculative round of :class:`~llamaspec.engine.Engine` (spec §7.2-§7.5), step by step.
+
+:class:`SpeculativeRound` is the part of the Engine that runs one round for the generating slots (and the
+prompt of a new request). It reads as the spec: §7.2 draft, §7.3 after the draft, §7.4 batch layout and
+decode, §7.5 verify, restore or accept, commit, emit. Memory operations belong to the rollback objects
+(:mod:`llamaspec.memory`), verification rules to the request's verifier (:mod:`llamaspec.verify`); this
+module only orders them. A failure is confined to the slot it belongs to (``_fail``, defined by the
+Engine): a batched draft or decode that raises is retried slot by slot to find it.
+
+Attributes it uses, set by the Engine: ``ctx``, ``chain``, ``vocab``, ``spec``, ``rollback_tgt``,
+``rollback_dft``, ``n_ctx_seq``, ``_n_rows_max_per_seq``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterator
+
+from . import _llama as llama
+from .errors import LlamaSpecError, MemoryOpError
+from .request import RequestState
+from .slot import Chunk, FinishReason, Slot, SlotState
+
+log = logging.getLogger("llamaspec")
+
+
+class SpeculativeRound:
+    def _decode(self, rows: list[llama.Row]) -> None:
+        """Target decode followed by ``chain.process`` (every target decode, prompt chunks included)."""
+        self.ctx.decode(rows)
+        if self.chain is not None and not self.chain.process(rows):
+            raise LlamaSpecError("a drafter failed to process the target batch (see the log)")
+
+    def _process_prompt(self, slot: Slot) -> Chunk:
+        slot._t0 = time.perf_counter()
+        toks = slot.prompt
+        n_batch = self.ctx.n_batch
+        start = 0
+        for chunk in llama.chunks(toks, n_batch):
+            last = start + len(chunk) == len(toks)
+            self._decode([llama.Row(t, start + j, slot.seq_id, last and j == len(chunk) - 1)
+                          for j, t in enumerate(chunk)])
+            slot.stats.n_target_decodes += 1
+            start += len(chunk)
+        if self.chain is not None:
+            self.chain.begin(slot.seq_id, slot.prompt)
+        t1 = time.perf_counter()
+        slot.stats.t_prompt_s = t1 - slot._t0
+        slot._t0 = t1
+        slot.state = SlotState.GENERATING
+        if slot.request is not None:
+            slot.request.state = RequestState.GENERATING
+        if slot.n_predict == 0:  # prompt only: nothing is sampled
+            log.info("slot %d: n_predict = 0, the prompt was processed and nothing generated", slot.id)
+            slot.finish_reason = FinishReason.LENGTH
+            return self._emit(slot, [], 0)
+        slot.sampler.accept_prompt(toks)  # llama-server's init_sampler: penalties see the prompt
+        token = slot.sampler.sample(self.ctx, (len(toks) - 1) % n_batch)
+        return self._emit(slot, [token], 0)
+
+    # -- the speculative round (spec §7.2-§7.5) ----------------------------------------------------
+    def _n_draft_max(self, s: Slot) -> int:
+        """§7.1's ``n_draft_max``, further capped so the slot's rows fit one decode (``n_batch`` and the
+        per-sequence output rows) and never pass ``n_predict``."""
+        n = self.n_ctx_seq - s.n_past - 2
+        if s.n_remaining > 0:
+            n = min(n, s.n_remaining - 1)
+        return min(n, self._n_rows_max_per_seq - 1)
+
+    def _round(self, gen: list[Slot], out: list[Chunk]) -> None:
+        if self.chain is not None:
+            for s in self._draft(gen, out):
+                try:
+                    self._after_draft(s)
+                except Exception as e:  # noqa: BLE001 - confined to this slot
+                    out.append(self._fail(s, e))
+        live = [s for s in gen if s.state is SlotState.GENERATING]
+        for group in self._batches(live):
+            for decoded in self._decode_group(group, out):
+                for s in decoded:
+                    s.stats.n_target_decodes += 1
+                    try:
+                        ch = self._verify(s)
+                    except Exception as e:  # noqa: BLE001 - confined to this slot
+                        ch = self._fail(s, e)
+                    if ch is not None:
+                        out.append(ch)
+
+    def _draft(self, gen: list[Slot], out: list[Chunk]) -> list[Slot]:
+        """§7.2 drafting phase: one ``chain.draft()`` for every slot that may draft; replay rounds skip it.
+        When the chain raises, each slot drafts alone, and the slot whose draft raises fails."""
+        chain = self.chain
+        requested: list[Slot] = []
+        for s in gen:
+            dp = chain.dparams[s.seq_id]
+            dp.drafting = False
+            try:
+                if s.spec_draft:  # replay round: no new draft
+                    self.rollback_tgt.check_replay(s)
+                    continue
+                n_max = self._n_draft_max(s)
+                if n_max <= 0:
+                    continue
+                self.rollback_tgt.mark(s)
+                self.rollback_dft.before_draft(s)
+            except Exception as e:  # noqa: BLE001 - confined to this slot
+                out.append(self._fail(s, e))
+                continue
+            dp.drafting, dp.n_max, dp.pos0, dp.id_last = True, n_max, s.n_past, s.sampled
+            dp.prompt, dp.result, dp.probs = tuple(s.prompt), [], None
+            requested.append(s)
+        if not requested:
+            return requested
+        try:
+            chain.draft()
+            return requested
+        except Exception as e:  # noqa: BLE001 - find the slot it belongs to
+            if len(requested) == 1:
+                out.append(self._fail(requested[0], e))
+                return []
+            log.warning("drafting failed for %d slots together (%s); drafting each alone", len(requested), e)
+        ok: list[Slot] = []
+        params = [(s, chain.dparams[s.seq_id]) for s in requested]
+        for s, dp in params:
+            chain.reset(s.seq_id)
+        for s, dp in params:
+            dp.drafting, dp.n_max, dp.pos0, dp.id_last = True, self._n_draft_max(s), s.n_past, s.sampled
+            dp.prompt, dp.result, dp.probs = tuple(s.prompt), [], None
+            try:
+                if not self.rollback_dft.recover(s):  # drop what the failed batch decoded
+                    raise MemoryOpError(f"slot {s.id}: the draft memory could not be restored after a failed draft")
+                chain.draft()
+                ok.append(s)
+            except Exception as e:  # noqa: BLE001 - confined to this slot
+                out.append(self._fail(s, e))
+        return ok
+
+    def _after_draft(self, s: Slot) -> None:
+        """§7.3 post-draft checkpointing: take the draft, roll the draft context back to the committed
+        tokens, checkpoint the target when this draft's rollback will need it."""
+        dp = self.chain.dparams[s.seq_id]
+        draft = list(dp.result[: max(0, self._n_draft_max(s))])
+        n_vocab = self.vocab.n_tokens
+        bad = next((i for i, t in enumerate(draft) if not 0 <= t < n_vocab), None)
+        if bad is not None:  # a token the target cannot decode ends the draft
+            log.warning("slot %d: draft token %d is outside the target vocabulary; draft cut at %d",
+                        s.id, draft[bad], bad)
+            del draft[bad:]
+        s.spec_draft = draft
+        s.spec_probs = dp.probs[: len(draft)] if dp.probs is not None else None
+        s.stats.n_drafted += len(s.spec_draft)
+        self.rollback_dft.after_draft(s)
+        self.rollback_tgt.checkpoint(s)
+
+    def _batches(self, gen: list[Slot]) -> list[list[Slot]]:
+        """§7.4 batch layout: slots in order, a new decode when ``n_batch`` (or the context's output rows)
+        is full; a slot's rows are never split over two decodes (their outputs are verified together)."""
+        limit = min(self.ctx.n_batch, self.ctx.n_outputs_max)
+        groups: list[list[Slot]] = [[]]
+        n_rows = 0
+        for s in gen:
+            need = 1 + len(s.spec_draft)
+            if n_rows + need > limit and groups[-1]:
+                groups.append([])
+                n_rows = 0
+            groups[-1].append(s)
+            n_rows += need
+        return [g for g in groups if g]
+
+    def _rows(self, group: list[Slot]) -> list[llama.Row]:
+        """``[sampled] + draft`` of every slot, all with outputs; remembers each slot's row indices."""
+        rows: list[llama.Row] = []
+        for s in group:
+            p0 = s.n_past
+            s.spec_i_batch = list(range(len(rows), len(rows) + 1 + len(s.spec_draft)))
+            rows.append(llama.Row(s.sampled, p0, s.seq_id, True))
+            rows.extend(llama.Row(t, p0 + 1 + j, s.seq_id, True) for j, t in enumerate(s.spec_draft))
+        return rows
+
+    def _decode_group(self, group: list[Slot], out: list[Chunk]) -> Iterator[list[Slot]]:
+        """§7.4 decode + process of one group; yields the slots whose rows are now decoded, to be verified
+        before the next decode. When the decode fails, each slot's memory is put back to its committed
+        tokens and its rows are decoded alone; a slot whose rows fail again fails."""
+        try:
+            self._decode(self._rows(group))
+        except Exception as e:  # noqa: BLE001 - find the slot it belongs to
+            if len(group) == 1:
+                out.append(self._fail(group[0], e))
+                return
+            log.warning("a decode of %d slots failed (%s); decoding each alone", len(group), e)
+        else:
+            yield group
+            return
+        for s in group:
+            try:
+                if not (self.rollback_tgt.recover(s) and self.rollback_dft.recover(s)):
+                    raise MemoryOpError(f"slot {s.id}: memory could not be restored after a failed decode")
+                for d in (self.chain.impls if self.chain else ()):
+                    d.reset(s.seq_id)
+                self._decode(self._rows([s]))
+            except Exception as e:  # noqa: BLE001 - confined to this slot
+                out.append(self._fail(s, e))
+                continue
+            yield [s]
+
+    def _verify(self, s: Slot) -> Chunk | None:
+        """§7.5 verification and acceptance of one slot; ``None`` when the round is restored for a replay."""
+        draft, rows, is_replay = s.spec_draft, s.spec_i_batch, s.spec_is_replay
+        s.spec_i_batch = []
+        # 2. verify (or replay the decisions of a restored round)
+        if is_replay:
+            accepted = s.verifier.replay(rows, draft)
+        else:
+            accepted = s.verifier.verify(rows, draft, s.spec_probs)
+        # 3.-4. restore + replay when seq_rm cannot drop the rejected rows: nothing is emitted this round
+        n_rollback = len(draft) + 1 - len(accepted)
+        if n_rollback > 0 and self.rollback_tgt.needs_restore(n_rollback):
+            s.spec_is_replay = True
+            s.spec_draft = accepted
+            s.spec_probs = None
+            self.rollback_tgt.restore(s)
+            self.rollback_dft.restore(s)
+            return None
+        # 5.-6. statistics: the chain, then the slot (a replayed target token is not an accepted draft)
+        if draft:
+            self._count_accepted(s, len(accepted) - 1, is_replay)
+        # 7. commit the accepted tokens; 8. drop the rejected rows from both contexts
+        s.prompt.append(s.sampled)
+        s.prompt.extend(accepted[:-1])
+        s.spec_draft, s.spec_probs, s.spec_is_replay = [], None, False
+        if draft:
+            self.rollback_tgt.commit(s)
+            self.rollback_dft.commit(s)
+        # 9. emit
+        return self._emit(s, accepted, len(accepted) - 1)
+
+    def _count_accepted(self, s: Slot, n_accepted: int, is_replay: bool) -> None:
+        if self.chain is not None and not self.spec.replay_accept_corrected:
+            # llama.cpp's QUIRK (spec §7.5 step 6): the chain hears len(accepted)-1 even in a replay round
+            self.chain.accept(s.seq_id, n_accepted)
+        if is_replay and n_accepted > 0:
+            n_accepted -= 1  # the last replayed token was the target's, not a draft's
+        if is_replay:
+            s.stats.n_replays += 1
+        if self.chain is not None and self.spec.replay_accept_corrected:
+            self.chain.accept(s.seq_id, n_accepted)
+        st = s.stats
+        st.n_accepted += n_accepted
+        st.n_verif_steps += 1
+        per = st.n_accepted_per_pos
+        if len(per) < n_accepted:
+            per.extend([0] * (n_accepted - len(per)))
+        for i in range(n_accepted):
+            per[i] += 1
+
+    def _emit(self, slot: Slot, tokens: list[int], n_from_draft: int) -> Chunk:
+        """Commit sampled tokens to the slot's output, apply EOG / stop strings / limits."""
+        emitted: list[int] = []
+        text = ""
+        for t in tokens:
+            if self.vocab.is_eog(t):
+                slot.finish_reason = FinishReason.STOP
+                break
+            emitted.append(t)
+            slot.generated.append(t)
+            text += slot.stream.feed(self.vocab.token_to_piece(t))
+            if slot.stream.stopped:
+                slot.finish_reason = FinishReason.STOP
+                break
+            if slot.n_remaining == 0:
+                slot.finish_reason = FinishReason.LENGTH
+                break
+        if slot.finish_reason is None and slot.n_past >= self.n_ctx_seq - 1:
+            slot.finish_reason = FinishReason.LENGTH  # no room left to decode the sampled token
+        slot.sampled = tokens[-1] if slot.finish_reason is None else None
+        slot.stats.n_predicted = len(slot.generated)
+        now = time.perf_counter()
+        if slot.state is SlotState.GENERATING and slot.stats.t_prompt_s > 0:
+            slot.stats.t_decode_s = now - slot._t0
+        finished = slot.finish_reason is not None
+        if finished:
+            text += slot.stream.flush()
+            slot.state = SlotState.DONE
+            slot.prompt_tokens = slot.prompt[: slot.n_prompt]
+            self._release(slot)
+        return Chunk(slot, emitted, text, finished, min(n_from_draft, len(emitted)), slot.request)

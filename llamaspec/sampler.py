@@ -1,0 +1,141 @@
+"""The target sampler with llama.cpp's ``common_sampler`` semantics (spec §8.1).
+
+llama.cpp keeps the grammar **apart** from the sampler chain: it samples with the chain alone, checks the one
+token it picked against the grammar, and only when the grammar rejects it samples again with the grammar
+applied first. Tokens are accepted with ``generated=True`` (chain and grammar) or ``False`` (chain only:
+prompt tokens, synthetic drafts). :class:`TargetSampler` does the same on top of the boundary's samplers:
+
+- ``sample(ctx, row)`` picks and accepts (``common_sampler_sample`` + ``accept(generated=True)``);
+- ``sample_no_accept(ctx, row)`` picks only (the chain's random stream advances as in ``sample``);
+- ``accept(token, generated)``; ``accept_prompt(tokens)`` (chain only, as llama-server does before the first
+  sample: penalties see the prompt);
+- ``probs(ctx, row)``: the distribution ``sample`` draws from, as sparse ``(ids, p)``, computed by llama.cpp's
+  own samplers on a clone (penalties, grammar, top-k/p, min-p, temperature all included). With a grammar it
+  is the exact mixture of llama.cpp's two paths: ``p(x) = [x allowed] p_chain(x) + P(rejected) p_grammar(x)``.
+- ``clone()`` / ``copy_from()`` for checkpoints (chain, grammar and the random state).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from . import _llama as llama
+
+__all__ = ["TargetSampler"]
+
+
+class TargetSampler:
+    """One request's target sampler (see the module docstring)."""
+
+    def __init__(self, vocab: "llama.Vocab", params: "llama.SamplingParams", *,
+                 _parts: "tuple[llama.Sampler, llama.Sampler | None] | None" = None):
+        self.params = params
+        self.vocab = vocab
+        if _parts is not None:
+            self.chain, self.grammar = _parts
+        else:
+            params.validate()
+            self.grammar = llama.Sampler.grammar_only(vocab, params) if params.grammar else None
+            try:
+                self.chain = llama.Sampler.from_params(vocab, params, grammar=False)
+            except BaseException:
+                if self.grammar is not None:
+                    self.grammar.close()
+                raise
+        self._cand = llama.Candidates(vocab.n_tokens)
+        self._has_history = bool(params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty)
+
+    # -- sampling -----------------------------------------------------------------------------------
+    def sample_no_accept(self, ctx: "llama.Context", idx: int) -> int:
+        """``common_sampler_sample`` (grammar_first = false): chain, check the pick, resample with the grammar."""
+        logits = ctx.logits(idx)
+        cand = self._cand
+        cand.fill(logits)
+        tok = cand.apply(self.chain)
+        if self.grammar is None or self.grammar.allows(tok):
+            return tok
+        cand.fill(logits)
+        cand.apply(self.grammar)
+        return cand.apply(self.chain)
+
+    def sample(self, ctx: "llama.Context", idx: int) -> int:
+        """Pick from row ``idx`` and accept the pick (as generated)."""
+        if self.grammar is None:
+            return self.chain.sample(ctx, idx)  # one native call: chain apply + accept
+        tok = self.sample_no_accept(ctx, idx)
+        self.accept(tok, True)
+        return tok
+
+    def accept(self, token: int, generated: bool = True) -> None:
+        """``common_sampler_accept``: the grammar only sees generated tokens; the chain sees every token."""
+        if generated and self.grammar is not None:
+            self.grammar.accept(token)
+        self.chain.accept(token)
+
+    def accept_prompt(self, tokens: Sequence[int]) -> None:
+        """llama-server's ``init_sampler``: prompt tokens go into the chain (penalty history), not the grammar.
+        Without penalties the chain keeps no history and nothing needs doing."""
+        if self._has_history:
+            for t in tokens:
+                self.chain.accept(int(t))
+
+    # -- the distribution -------------------------------------------------------------------------
+    def probs(self, ctx: "llama.Context", idx: int) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution :meth:`sample` draws from at row ``idx``, as ``(ids, p)`` (ids ascending, only
+        ids with p > 0). Nothing is drawn: the samplers run on a clone. ``temp <= 0`` gives a point mass."""
+        logits = ctx.logits(idx)
+        cand = self._cand
+        cand.fill(logits)
+        ids_c, p_c = self._chain_dist(cand)
+        if self.grammar is None:
+            return _by_id(ids_c, p_c)
+        allowed = self.grammar.allowed(ids_c)
+        p_rejected = float(p_c[~allowed].sum())
+        ids, p = ids_c[allowed], p_c[allowed]
+        if p_rejected > 0.0:
+            cand.fill(logits)
+            cand.apply(self.grammar)
+            ids_g, p_g = self._chain_dist(cand)
+            ids = np.concatenate([ids, ids_g])
+            p = np.concatenate([p, p_rejected * p_g])
+        return _by_id(ids, p)
+
+    def _chain_dist(self, cand: "llama.Candidates") -> tuple[np.ndarray, np.ndarray]:
+        if self.params.greedy:
+            tok = cand.apply_clone(self.chain)
+            return np.array([tok], dtype=np.int64), np.array([1.0])
+        cand.apply_clone(self.chain)
+        return cand.kept()
+
+    # -- state --------------------------------------------------------------------------------------
+    def clone(self) -> "TargetSampler":
+        chain = self.chain.clone()
+        grammar = self.grammar.clone() if self.grammar is not None else None
+        return TargetSampler(self.vocab, self.params, _parts=(chain, grammar))
+
+    def copy_from(self, other: "TargetSampler") -> None:
+        self.chain.copy_from(other.chain)
+        if self.grammar is not None and other.grammar is not None:
+            self.grammar.copy_from(other.grammar)
+
+    def close(self) -> None:
+        for s in (getattr(self, "chain", None), getattr(self, "grammar", None)):
+            if s is not None:
+                s.close()
+        self.chain = self.grammar = None
+
+
+def _by_id(ids: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge duplicate ids (summing), drop zeros, sort ascending."""
+    ids = np.asarray(ids, dtype=np.int64)
+    p = np.asarray(p, dtype=np.float64)
+    keep = p > 0.0
+    ids, p = ids[keep], p[keep]
+    uniq, inv = np.unique(ids, return_inverse=True)
+    if uniq.size == ids.size:
+        order = np.argsort(ids, kind="stable")
+        return ids[order], p[order]
+    out = np.zeros(uniq.size, dtype=np.float64)
+    np.add.at(out, inv, p)
+    return uniq, out

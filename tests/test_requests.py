@@ -1,0 +1,256 @@
+"""Requests own their output, threads, errors confined to a slot, limits that hold (tiny models)."""
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from llamaspec import _llama as L
+from llamaspec.drafters.base import Drafter
+from llamaspec.engine import Engine, FinishReason, RequestState
+from llamaspec.errors import DecodeError, EngineClosedError, RequestError
+from llamaspec.params import SpecParams
+
+from helpers import EXACT
+
+PROMPTS = [[1, 5, 9, 13, 22, 7], [3, 4, 5], [9, 9, 9, 1], [40, 2, 17, 33, 8]]
+N = 20
+
+
+@pytest.fixture(scope="module")
+def lone(tiny_model):
+    """Greedy output of each prompt alone on a one-slot engine, per model kind."""
+    cache: dict = {}
+
+    def get(kind: str, i: int, n: int = N) -> list[int]:
+        if (kind, i, n) not in cache:
+            with Engine(tiny_model(kind), n_ctx=256, **EXACT) as e:
+                cache[kind, i, n] = e.generate(PROMPTS[i], n_predict=n).tokens
+        return cache[kind, i, n]
+
+    return get
+
+
+def spec(n_max: int = 4) -> SpecParams:
+    p = SpecParams()
+    p.draft.n_max = n_max
+    return p
+
+
+# --------------------------------------------------------------------------------------------- own outputs
+@pytest.mark.parametrize("n", [2, 4])
+def test_interleaved_streams_each_equal_alone(tiny_model, lone, n):
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(), n_ctx=256, n_parallel=n,
+                **EXACT) as e:
+        its = [e.stream(PROMPTS[i], n_predict=N) for i in range(n)]
+        got: list[list[int]] = [[] for _ in range(n)]
+        live = set(range(n))
+        while live:  # one chunk from each in turn
+            for i in sorted(live):
+                ch = next(its[i], None)
+                if ch is None:
+                    live.discard(i)
+                else:
+                    got[i] += ch.tokens
+    assert got == [lone("llama", i) for i in range(n)]
+
+
+def test_streams_from_two_threads(tiny_model, lone):
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(), n_ctx=256, n_parallel=2,
+                **EXACT) as e:
+        got: dict[int, list[int]] = {}
+
+        def run(i: int) -> None:
+            got[i] = [t for ch in e.stream(PROMPTS[i], n_predict=N) for t in ch.tokens]
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+    assert got == {0: lone("llama", 0), 1: lone("llama", 1)}
+
+
+def test_engine_thread_serves_submitters(tiny_model, lone):
+    """A server's shape: one thread steps, others submit and read their own requests."""
+    with Engine(tiny_model("llama"), n_ctx=256, n_parallel=2, **EXACT) as e:
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                if not e.step():
+                    stop.wait(0.001)
+
+        t = threading.Thread(target=loop)
+        t.start()
+        try:
+            reqs = [e.submit(PROMPTS[i % 4], n_predict=N) for i in range(5)]  # more than the slots: queued
+            results = [r.result(timeout=60) for r in reqs]
+        finally:
+            stop.set()
+            t.join(10)
+    assert [r.tokens for r in results] == [lone("llama", i % 4) for i in range(5)]
+    assert e.n_deferred >= 3
+
+
+def test_a_reused_slot_never_sees_old_chunks(tiny_model, lone):
+    with Engine(tiny_model("llama"), n_ctx=256, **EXACT) as e:
+        a = e.submit(PROMPTS[0], n_predict=N)
+        b = e.submit(PROMPTS[1], n_predict=N)  # waits for a's slot
+        assert b.state is RequestState.QUEUED
+        rb = b.result()
+        ra = a.result()
+    assert ra.tokens == lone("llama", 0) and rb.tokens == lone("llama", 1)
+
+
+def test_cancel_from_another_thread(tiny_model):
+    with Engine(tiny_model("llama"), n_ctx=256, **EXACT) as e:
+        r = e.submit(PROMPTS[0], n_predict=200)
+        next(iter(r))
+        threading.Thread(target=r.cancel).start()
+        res = r.result(timeout=30)
+        assert res.finish_reason is FinishReason.ABORT and e.ctx.memory.pos_max(0) == -1
+        assert e.generate(PROMPTS[1], n_predict=3).finish_reason is FinishReason.LENGTH
+
+
+def test_closed_engine_refuses(tiny_model):
+    e = Engine(tiny_model("llama"), n_ctx=256)
+    r = e.submit(PROMPTS[0], n_predict=50)
+    e.close()
+    assert r.done and r.finish_reason is FinishReason.ABORT
+    for call in (lambda: e.step(), lambda: e.submit([1, 2]), lambda: e.tokenize("x"), lambda: e.generate([1])):
+        with pytest.raises(EngineClosedError, match="closed"):
+            call()
+    e.close()  # twice is fine
+
+
+# --------------------------------------------------------------------------------------------- faults
+class Faulty(Drafter):
+    """Drafts the known greedy continuation (3 right tokens, 1 wrong), and raises in ``where`` for ``bad_seq``
+    once it has generated ``at`` tokens (so a retry of the same call raises again)."""
+
+    type = "faulty"
+
+    def __init__(self, n_seq: int, truth: dict[int, list[int]], prompt_len: dict[int, int], where: str, bad_seq: int,
+                 at: int):
+        super().__init__(n_seq)
+        self.n_max = 4
+        self.truth, self.prompt_len, self.where, self.bad_seq, self.at = truth, prompt_len, where, bad_seq, at
+        self.n_accept = 0
+
+    def draft(self, params):
+        for s, dp in enumerate(params):
+            if not dp.drafting:
+                continue
+            k = len(dp.prompt) + 1 - self.prompt_len[s]  # index in truth of the token after id_last
+            if self.where == "draft" and s == self.bad_seq and k >= self.at:
+                raise RuntimeError("injected draft fault")
+            good = self.truth[s][k : k + 3]
+            dp.result.extend(good + [(t + 1) % 64 for t in self.truth[s][k + 3 : k + 4]])
+
+    def process(self, rows):
+        if self.where == "process" and any(r.seq_id == self.bad_seq and r.pos >= self.prompt_len[r.seq_id] + self.at
+                                           for r in rows):
+            raise RuntimeError("injected process fault")
+        return True
+
+    def accept(self, seq_id, n_accepted, is_other):
+        if self.where == "accept" and seq_id == self.bad_seq:
+            self.n_accept += 1
+            if self.n_accept == 3:
+                raise RuntimeError("injected accept fault")
+
+
+@pytest.mark.parametrize("kind", ["llama", "mamba"])
+@pytest.mark.parametrize("where", ["draft", "process", "accept"])
+def test_a_faulty_slot_fails_alone(tiny_model, lone, kind, where):
+    truth = {i: lone(kind, i, 40) for i in range(3)}
+    d = Faulty(3, truth, {i: len(PROMPTS[i]) for i in range(3)}, where, bad_seq=1, at=6)
+    with Engine(tiny_model(kind), drafters=[d], n_ctx=256, n_parallel=3, **EXACT) as e:
+        res = e.generate_many(PROMPTS[:3], n_predict=N)
+        # the engine keeps serving, on the failed slot too
+        again = e.generate(PROMPTS[1], n_predict=N)
+    assert res[1].finish_reason is FinishReason.ERROR and "injected" in res[1].error
+    assert res[1].tokens == lone(kind, 1)[: len(res[1].tokens)]  # what it emitted before the fault stays
+    assert [res[0].tokens, res[2].tokens] == [lone(kind, 0), lone(kind, 2)]
+    assert again.tokens == lone(kind, 1)
+
+
+@pytest.mark.parametrize("sticky", [True, False])
+def test_a_failing_decode_fails_one_slot(tiny_model, lone, monkeypatch, sticky):
+    """A decode that keeps failing for slot 0 fails slot 0 only; a one-off failure is retried slot by slot
+    and changes nothing."""
+    with Engine(tiny_model("llama"), n_ctx=256, n_parallel=2, **EXACT) as e:
+        real = L.Context.decode
+        state = {"n": 0}
+
+        def decode(self, rows, **kw):
+            if self is e.ctx and any(r.seq_id == 0 for r in rows):
+                state["n"] += 1
+                if state["n"] == 6 or (sticky and state["n"] > 6):
+                    raise DecodeError("injected decode failure")
+            return real(self, rows, **kw)
+
+        monkeypatch.setattr(L.Context, "decode", decode)
+        res = e.generate_many(PROMPTS[:2], n_predict=N)
+        monkeypatch.setattr(L.Context, "decode", real)
+        assert e.ctx.memory.pos_max(0) == -1 and e.ctx.memory.pos_max(1) == -1
+    assert res[1].tokens == lone("llama", 1)
+    if sticky:
+        assert res[0].finish_reason is FinishReason.ERROR and "injected decode failure" in res[0].error
+        assert res[0].tokens == lone("llama", 0)[: len(res[0].tokens)]
+    else:
+        assert res[0].tokens == lone("llama", 0)
+
+
+def test_generate_raises_the_request_error(tiny_model, monkeypatch):
+    with Engine(tiny_model("llama"), n_ctx=256) as e:
+        monkeypatch.setattr(L.Sampler, "sample", lambda self, ctx, idx: (_ for _ in ()).throw(RuntimeError("boom")))
+        with pytest.raises(RequestError, match="boom"):
+            e.generate(PROMPTS[0], n_predict=5)
+        monkeypatch.undo()
+        assert len(e.generate(PROMPTS[0], n_predict=5).tokens) == 5
+
+
+# --------------------------------------------------------------------------------------------- limits
+class Greedy(Drafter):
+    """Proposes far more than any limit allows, with random wrong tokens and ids outside the vocabulary."""
+
+    type = "greedy-liar"
+
+    def __init__(self, n_seq: int, n_max: int, seed: int):
+        super().__init__(n_seq)
+        self.n_max = n_max
+        self.rng = random.Random(seed)
+
+    def draft(self, params):
+        for dp in params:
+            if dp.drafting:
+                n = self.rng.randint(0, 3 * self.n_max)
+                dp.result.extend(self.rng.randrange(0, 70) for _ in range(n))
+
+
+def test_n_predict_zero_generates_nothing(tiny_model):
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(), n_ctx=256) as e:
+        r = e.generate(PROMPTS[0], n_predict=0)
+        assert r.tokens == [] and r.finish_reason is FinishReason.LENGTH and r.stats.n_prompt == len(PROMPTS[0])
+        assert e.ctx.memory.pos_max(0) == -1
+
+
+@pytest.mark.parametrize("n_batch,n_parallel", [(8, 1), (16, 4)])
+def test_oversized_drafts_are_capped(tiny_model, lone, n_batch, n_parallel):
+    d = Greedy(n_parallel, 40, seed=n_batch)
+    with Engine(tiny_model("llama"), drafters=[d], n_ctx=256, n_batch=n_batch, n_parallel=n_parallel, **EXACT) as e:
+        res = e.generate_many(PROMPTS[:n_parallel], n_predict=N)
+    assert [r.finish_reason for r in res] == [FinishReason.LENGTH] * n_parallel
+    assert [r.tokens for r in res] == [lone("llama", i) for i in range(n_parallel)]
+
+
+def test_engine_does_not_mutate_spec_params(tiny_model):
+    p = SpecParams()
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=p, n_ctx=256):
+        pass
+    assert p.types_are_default
+    with Engine(tiny_model("llama"), spec=p, n_ctx=256) as e:  # still a plain engine
+        assert not e.speculative

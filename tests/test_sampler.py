@@ -1,0 +1,150 @@
+"""The target sampler: llama.cpp's common_sampler semantics (grammar apart, generated flag, prompt into the
+chain) and its distribution read from llama.cpp's own samplers (tiny models, no real model needed)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from llamaspec import _llama as L
+from llamaspec.engine import Engine
+from llamaspec.sampler import TargetSampler
+from llamaspec.verify import probs_from_logits
+
+from helpers import EXACT
+
+PROMPT = [1, 5, 9, 13, 22, 7]
+DIGITS = "root ::= [0-7]+\n"
+
+
+@pytest.fixture()
+def row(tiny_model):
+    """A model, a context with PROMPT decoded, the row index of its last token."""
+    with L.Model(tiny_model("llama")) as m, L.Context(m, n_ctx=64, **EXACT) as ctx:
+        ctx.decode_tokens(PROMPT, 0, 0)
+        yield m, ctx, len(PROMPT) - 1
+
+
+def chi2_ok(counts: np.ndarray, expected_p: np.ndarray) -> bool:
+    n = counts.sum()
+    exp = expected_p * n
+    big = exp >= 5
+    chi2 = float((((counts[big] - exp[big]) ** 2) / exp[big]).sum())
+    rest_o, rest_e = counts[~big].sum(), exp[~big].sum()
+    if rest_e > 0:
+        chi2 += (rest_o - rest_e) ** 2 / rest_e
+    dof = max(1, int(big.sum()) + (1 if rest_e > 0 else 0) - 1)
+    z = ((chi2 / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return z < 3.09  # p > 0.001
+
+
+def dense(ids, p, n=64):
+    out = np.zeros(n)
+    out[ids] = p
+    return out
+
+
+def test_probs_equal_the_numpy_reference(row):
+    m, ctx, i = row
+    for sp in [dict(temp=1.0, top_k=0, top_p=1.0, min_p=0.0), dict(temp=0.7, top_k=10, top_p=0.9, min_p=0.05)]:
+        s = TargetSampler(m.vocab, L.SamplingParams(seed=1, **sp))
+        ids, p = s.probs(ctx, i)
+        ref = probs_from_logits(ctx.logits(i).copy(), sp["temp"], sp["top_k"], sp["top_p"], sp["min_p"])
+        assert np.allclose(dense(ids, p), ref, atol=1e-5) and np.all(np.diff(ids) > 0)
+        s.close()
+
+
+@pytest.mark.parametrize("grammar,penalty", [(None, 1.3), (DIGITS, 1.0), (DIGITS, 1.3)])
+def test_probs_are_what_sample_draws(row, grammar, penalty):
+    """p from probs() (computed on a clone, nothing drawn) equals the frequencies of sample_no_accept on
+    the same row, including the grammar's resample path and the penalties of the prompt."""
+    m, ctx, i = row
+    sp = L.SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7, repeat_penalty=penalty, grammar=grammar)
+    s = TargetSampler(m.vocab, sp)
+    s.accept_prompt(PROMPT)
+    before = s.probs(ctx, i)
+    ids, p = s.probs(ctx, i)
+    assert np.array_equal(ids, before[0]) and np.allclose(p, before[1])  # probs() draws nothing
+    counts = np.zeros(64)
+    for _ in range(6000):
+        counts[s.sample_no_accept(ctx, i)] += 1
+    assert chi2_ok(counts, dense(ids, p))
+    if grammar:
+        allowed = {t for t in range(64) if set(m.vocab.token_to_piece(t).decode()) <= set("01234567")}
+        assert set(np.flatnonzero(counts)) <= allowed
+    s.close()
+
+
+def test_prompt_goes_to_the_chain_not_the_grammar(row):
+    m, ctx, i = row
+    # a grammar that the prompt's pieces would violate: accepting them into it would leave no valid token
+    s = TargetSampler(m.vocab, L.SamplingParams(temp=0.0, grammar='root ::= "3f" [0-9a-f]*\n', repeat_penalty=1.5))
+    s.accept_prompt(PROMPT)
+    assert m.vocab.token_to_piece(s.sample(ctx, i)) in (b"3", b"3f")  # the grammar starts fresh
+    plain = TargetSampler(m.vocab, L.SamplingParams(temp=0.0, repeat_penalty=1.5))
+    no_prompt = TargetSampler(m.vocab, L.SamplingParams(temp=0.0, repeat_penalty=1.5))
+    plain.accept_prompt(PROMPT)
+    ref = np.array(ctx.logits(i), dtype=np.float64)
+    for t in set(PROMPT):  # llama.cpp's repeat penalty on the prompt's tokens
+        ref[t] = ref[t] / 1.5 if ref[t] > 0 else ref[t] * 1.5
+    assert plain.sample(ctx, i) == int(np.argmax(ref))
+    assert no_prompt.sample(ctx, i) == int(np.argmax(ctx.logits(i)))
+    for x in (s, plain, no_prompt):
+        x.close()
+
+
+def test_synthetic_tokens_do_not_advance_the_grammar(row):
+    m, ctx, i = row
+    s = TargetSampler(m.vocab, L.SamplingParams(temp=0.0, grammar='root ::= "1" "2"\n'))
+    s.accept(63, generated=False)  # "3f": the grammar would reject it; as not generated it never sees it
+    assert s.grammar.allowed(np.array([1, 2])).tolist() == [True, False]
+    s.accept(1, generated=True)
+    assert s.grammar.allowed(np.array([1, 2])).tolist() == [False, True]
+    s.close()
+
+
+def test_clone_and_copy_keep_grammar_and_random_state(row):
+    m, ctx, i = row
+    s = TargetSampler(m.vocab, L.SamplingParams(temp=1.0, seed=11, grammar=DIGITS))
+    c = s.clone()
+    a = [s.sample(ctx, i) for _ in range(20)]
+    s.copy_from(c)
+    assert [s.sample(ctx, i) for _ in range(20)] == a
+    for x in (s, c):
+        x.close()
+
+
+def test_rejection_with_penalties_and_grammar_matches_target_distribution(tiny_model):
+    """Two tokens through the engine in rejection mode (the second verified against a different draft):
+    their joint distribution equals the target sampler's, penalties and grammar included."""
+    sp = dict(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.3, grammar=DIGITS)
+    prompt = PROMPT[:4]
+    expected = np.zeros((64, 64))
+    with L.Model(tiny_model("llama")) as m, L.Context(m, n_ctx=64, **EXACT) as ctx:
+        ctx.decode_tokens(prompt, 0, 0)
+        s = TargetSampler(m.vocab, L.SamplingParams(seed=1, **sp))
+        s.accept_prompt(prompt)
+        ids1, p1 = s.probs(ctx, len(prompt) - 1)
+        for t, pt in zip(ids1, p1):
+            c = s.clone()
+            c.accept(int(t))
+            ctx.memory.seq_rm(0, len(prompt), -1)
+            ctx.decode([L.Row(int(t), len(prompt), 0, True)])
+            ids2, p2 = c.probs(ctx, 0)
+            expected[t, ids2] = pt * p2
+            c.close()
+        s.close()
+    n = 2500
+    counts = np.zeros((64, 64))
+    spec = __import__("llamaspec.params", fromlist=["SpecParams"]).SpecParams()
+    spec.draft.n_max = 2
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec, verify="rejection", n_ctx=64,
+                **EXACT) as e:
+        drafted = 0
+        for seed in range(n):
+            r = e.generate(prompt, n_predict=3, sampling=L.SamplingParams(seed=seed, **sp))
+            counts[r.tokens[0], r.tokens[1]] += 1
+            drafted += r.stats.n_drafted
+    assert drafted > n // 2
+    assert chi2_ok(counts.ravel(), expected.ravel())
