@@ -49,3 +49,42 @@ def test_gemma_pair_greedy_equals_plain(n_max):
         assert r.stats.n_drafted > 0 and r.stats.acceptance_rate > 0.5
         ok, why = first_divergence_is_near_tie(target, t, p, r.tokens)
         assert ok, why
+
+
+def test_gemma_pair_interleaved_streams_equal_alone():
+    """Two requests on a 2-slot engine, consumed alternately and from two threads: each equals what it gives
+    alone (near-tie aware: the batch shapes differ)."""
+    import threading
+
+    target, draft = real_model("gemma3-270m-f32"), real_model("gemma3-270m-q4km")
+    sp = SpecParams()
+    sp.draft.n_max = 4
+    with Engine(target, draft=draft, spec=sp, n_ctx=1024) as e:
+        toks = [e.tokenize(p) for p in PROMPTS]
+        alone = [e.generate(t, n_predict=32).tokens for t in toks]
+    with Engine(target, draft=draft, spec=sp, n_ctx=1024, n_parallel=2) as e:
+        its = [e.stream(t, n_predict=32) for t in toks]
+        alternate: list[list[int]] = [[], []]
+        live = {0, 1}
+        while live:
+            for i in sorted(live):
+                ch = next(its[i], None)
+                if ch is None:
+                    live.discard(i)
+                else:
+                    alternate[i] += ch.tokens
+        threaded: dict[int, list[int]] = {}
+
+        def run(i: int) -> None:
+            threaded[i] = e.generate(toks[i], n_predict=32).tokens
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+    for i in range(2):
+        for got in (alternate[i], threaded[i]):
+            assert len(got) == 32
+            ok, why = first_divergence_is_near_tie(target, toks[i], alone[i], got)
+            assert ok, why

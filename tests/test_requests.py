@@ -254,3 +254,75 @@ def test_engine_does_not_mutate_spec_params(tiny_model):
     assert p.types_are_default
     with Engine(tiny_model("llama"), spec=p, n_ctx=256) as e:  # still a plain engine
         assert not e.speculative
+
+
+class Fuzzer(Drafter):
+    """Random draft lengths 0..n_max: the true greedy continuation with wrong tokens at random positions."""
+
+    type = "fuzz"
+
+    def __init__(self, n_seq: int, n_max: int, truth: dict[int, list[int]], prompt_len: dict[int, int], seed: int):
+        super().__init__(n_seq)
+        self.n_max = n_max
+        self.truth, self.prompt_len = truth, prompt_len
+        self.rng = random.Random(seed)
+
+    def draft(self, params):
+        for s, dp in enumerate(params):
+            if not dp.drafting:
+                continue
+            k = len(dp.prompt) + 1 - self.prompt_len[s]
+            n = self.rng.randint(0, self.n_max)
+            out = list(self.truth[s][k : k + n])
+            for j in range(len(out)):
+                if self.rng.random() < 0.25:
+                    out[j] = (out[j] + self.rng.randint(1, 63)) % 64
+            dp.result.extend(out)
+
+
+FUZZ_TARGETS = [("llama", None), ("mamba", None), ("lfm2", 2), ("lfm2", 8)]  # PART, FULL, RS below/above n_max
+
+
+@pytest.mark.parametrize("n_parallel", [1, 3])
+@pytest.mark.parametrize("kind,n_rs_seq", FUZZ_TARGETS)
+def test_draft_fuzz_greedy_equals_plain(tiny_model, lone, kind, n_rs_seq, n_parallel):
+    truth = {i: lone(kind, i, 40) for i in range(n_parallel)}
+    d = Fuzzer(n_parallel, 5, truth, {i: len(PROMPTS[i]) for i in range(n_parallel)}, seed=n_parallel)
+    with Engine(tiny_model(kind), drafters=[d], n_ctx=256, n_parallel=n_parallel, n_rs_seq=n_rs_seq, **EXACT) as e:
+        reqs = [e.submit(PROMPTS[i], n_predict=40) for i in range(n_parallel)]
+        while not all(r.done for r in reqs):
+            e.step()
+            for r in reqs:  # the memory invariant after every round
+                if not r.done:
+                    assert e.ctx.memory.pos_max(r.seq_id) == r.slot.n_past - 1
+        res = [r.result() for r in reqs]
+        stats = [r.stats for r in res]
+    assert [r.tokens for r in res] == [truth[i] for i in range(n_parallel)]
+    assert sum(s.n_drafted for s in stats) > sum(s.n_accepted for s in stats) > 0
+
+
+NGRAM_TYPES = ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"]
+
+
+@pytest.mark.parametrize("spec_type", NGRAM_TYPES)
+def test_small_batch_with_every_ngram_type(tiny_model, spec_type):
+    """-b 32 with n-gram drafters whose n_max exceeds the batch: drafts are capped, greedy equals plain."""
+    prompt = [3, 4, 5, 6, 7, 8] * 12  # repetitive: the n-gram drafters propose long drafts
+    p = SpecParams()
+    p.add_types(spec_type)
+    for q in (p.ngram_simple, p.ngram_map_k, p.ngram_map_k4v):
+        q.size_n = 1  # short keys: drafts on every round (ngram-simple drafts 48 > n_batch - 1)
+    p.ngram_mod.n_match, p.ngram_mod.n_min = 1, 1
+    with Engine(tiny_model("llama"), n_ctx=256, n_batch=32, **EXACT) as e:
+        plain = e.generate(prompt, n_predict=40).tokens
+    with Engine(tiny_model("llama"), spec=p, n_ctx=256, n_batch=32, **EXACT) as e:
+        r = e.generate(prompt, n_predict=40)
+    assert r.tokens == plain and r.finish_reason is FinishReason.LENGTH and r.stats.n_drafted > 0
+
+
+def test_four_slots_batch_16(tiny_model, lone):
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(8), n_ctx=256, n_parallel=4,
+                n_batch=16, **EXACT) as e:
+        res = e.generate_many(PROMPTS, n_predict=N)
+    assert [r.tokens for r in res] == [lone("llama", i) for i in range(4)]
+    assert all(r.stats.n_drafted > 0 for r in res)
