@@ -8,6 +8,7 @@ import tempfile
 import click
 
 from ._common import check_output_path, err_console, handle_errors, resolve_model_arg
+from .device_options import device_options, pop_device_options
 
 DEFAULT_MODES = "plain,draft-simple,ngram-mod,ngram-simple,ngram-map-k,lookup"
 DEFAULT_ENGINES = "llamaspec,native,llama-cpp-python"
@@ -34,7 +35,7 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Repeats of the whole interleaved pass.")
 @click.option("-c", "--ctx-size", type=click.IntRange(min=16), default=1024, show_default=True, help="Context size (all engines).")
 @click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True, help="Batch and micro-batch size (all engines).")
-@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all available cores).")
+@device_options(bench=True)
 @click.option("-fa", "--flash-attn", type=click.Choice(["on", "off"]), default="on", show_default=True,
               help="Flash attention, the same for every engine (llama-cpp-python has no 'auto').")
 @click.option("--seed", type=click.IntRange(min=0, max=0xFFFFFFFE), default=42, show_default=True, help="Sampling seed (synthetic acceptance draws from it).")
@@ -60,7 +61,7 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--spec-ngram-map-k-size-m", "ngram_map_k_size_m", type=int, default=None, help="ngram-map-k: draft length (default 48).")
 @handle_errors
 def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
-          threads, flash_attn, seed, spec_draft_n_max, spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol,
+          flash_attn, seed, spec_draft_n_max, spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol,
           json_path, md_path, plot_path, cache_dir, no_progress, from_json, **ngram_kw):
     """Benchmark llamaspec against native llama.cpp and llama-cpp-python on the same models and settings.
 
@@ -74,6 +75,7 @@ def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, 
     from llamaspec.errors import UsageError
     from llamaspec.params import SpecParams
 
+    dev = pop_device_options(ngram_kw)  # -ngl -ngld -mg -sm -ts -t -tb -td, the same for every engine
     for p, flag in ((json_path, "--json"), (md_path, "--markdown"), (plot_path, "--plot")):
         check_output_path(p, flag)
     if plot_path:
@@ -154,7 +156,11 @@ def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, 
     engine_list = [e.strip() for e in engines.split(",") if e.strip()]
     cfg = BenchConfig(
         target=target, draft=draft, modes=mode_list, engines=engine_list, prompts=prompts, n_predict=n_predict,
-        repeats=repeats, n_ctx=ctx_size, n_batch=batch_size, threads=threads or 0, flash_attn=flash_attn == "on",
+        repeats=repeats, n_ctx=ctx_size, n_batch=batch_size, threads=dev["n_threads"] or 0,
+        threads_batch=dev["n_threads_batch"] or 0, threads_draft=dev["n_threads_draft"] or 0,
+        n_gpu_layers=0 if dev["n_gpu_layers"] is None else dev["n_gpu_layers"], n_gpu_layers_draft=dev["n_gpu_layers_draft"],
+        main_gpu=dev["main_gpu"], split_mode=dev["split_mode"],
+        tensor_split=tuple(dev["tensor_split"]) if dev["tensor_split"] is not None else None, flash_attn=flash_attn == "on",
         seed=seed, spec=spec, warmup=not no_warmup, measure_costs=not no_costs, near_tie_tol=near_tie_tol,
         native_dir=native_dir, pair=pair, target_name=target_name, draft_name=draft_name, prompts_file=prompts_file,
         quick=quick, command="llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None,

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ._common import check_output_path, err_console, handle_errors, resolve_model_arg
+from .device_options import device_options, pop_device_options
 from .spec_options import build_spec_params, spec_options
 
 
@@ -65,7 +66,7 @@ def _read_prompts_file(path: str) -> list[str]:
 @click.option("-c", "--ctx-size", type=click.IntRange(min=16), default=4096, show_default=True, help="Context size (clamped to the model's).")
 @click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True, help="Batch size (n_batch).")
 @click.option("-np", "--n-parallel", type=click.IntRange(min=1, max=256), default=1, show_default=True, help="Slots decoded together.")
-@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all available cores).")
+@device_options()
 @click.option("--temp", type=click.FloatRange(min=0.0), default=0.8, show_default=True, help="Temperature; 0 = greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True, help="Top-k (0 = off).")
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0), default=0.95, show_default=True, help="Top-p (1.0 = off).")
@@ -83,7 +84,7 @@ def _read_prompts_file(path: str) -> list[str]:
 @click.option("--color/--no-color", "color", default=None, help="Colour drafted-and-accepted tokens (default: when stdout is a terminal).")
 @click.option("-q", "--quiet", is_flag=True, help="No statistics on stderr.")
 @handle_errors
-def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size, batch_size, n_parallel, threads, temp, top_k,
+def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size, batch_size, n_parallel, temp, top_k,
              top_p, min_p, repeat_penalty, repeat_last_n, seed, grammar_file, stop, chat, system_prompt, cache_dir,
              stats_json, color, quiet, **spec_kw):
     """Generate text from PROMPT (argument, --file or stdin). Only the generated text goes to stdout.
@@ -97,6 +98,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
     from llamaspec.errors import UsageError
 
     check_output_path(stats_json, "--stats-json")
+    device = pop_device_options(spec_kw)  # -ngl -ngld -mg -sm -ts -t -tb -td, checked before any model loads
     if prompts_file is not None and (prompt is not None or prompt_file is not None):
         raise UsageError("give either a prompt (argument / --file) or --prompts-file, not both")
     prompts = _read_prompts_file(prompts_file) if prompts_file else [_read_prompt(prompt, prompt_file)]
@@ -126,7 +128,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
     out = sys.stdout
     use_color = out.isatty() if color is None else color
     with Engine(path, draft=dpath, spec=spec, verify=verify, n_ctx=ctx_size, n_batch=batch_size,
-                n_parallel=n_parallel, n_threads=threads) as eng:
+                n_parallel=n_parallel, **device) as eng:
         def encode(text: str) -> list[int]:
             if chat:
                 msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": text}]

@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from ._common import err_console, handle_errors, resolve_model_arg
+from .device_options import device_options, pop_device_options
 
 
 @click.command()
@@ -19,22 +20,25 @@ from ._common import err_console, handle_errors, resolve_model_arg
               help="Recurrent-state snapshots to request when checking whether RS is available.")
 @click.option("--checkpoint-tokens", type=click.IntRange(min=16), default=1024, show_default=True,
               help="Tokens in the sequence whose checkpoint is measured.")
-@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
+@device_options()
 @click.option("--cache-dir", default=None, help="Model cache directory.")
 @handle_errors
-def probe(target, draft, as_json, no_bench, n_rs_seq, checkpoint_tokens, threads, cache_dir):
+def probe(target, draft, as_json, no_bench, n_rs_seq, checkpoint_tokens, cache_dir, **device_kw):
     """Probe TARGET (name or path; default model if omitted): rollback level and speculation costs."""
     from llamaspec import _llama as L
     from llamaspec.probe import probe as run_probe
 
+    dev = pop_device_options(device_kw)
+    placement = {k: dev[k] for k in ("main_gpu", "split_mode", "tensor_split")}  # the draft shares the target's
     tpath = resolve_model_arg(target, cache_dir)
     dpath = resolve_model_arg(draft, cache_dir) if draft else None
-    with L.Model(tpath) as tm:
-        dm = L.Model(dpath) if dpath else None
+    with L.Model(tpath, n_gpu_layers=dev["n_gpu_layers"], **placement) as tm:
+        dm = L.Model(dpath, n_gpu_layers=dev["n_gpu_layers_draft"], **placement) if dpath else None
         try:
             if not as_json:
                 err_console.print(f"[dim]probing {tm.path.name}{' and ' + dm.path.name if dm else ''}...[/]")
-            rep = run_probe(tm, dm, measure=not no_bench, n_rs_seq=n_rs_seq, n_threads=threads,
+            rep = run_probe(tm, dm, measure=not no_bench, n_rs_seq=n_rs_seq, n_threads=dev["n_threads"],
+                            n_threads_batch=dev["n_threads_batch"], n_threads_draft=dev["n_threads_draft"],
                             checkpoint_tokens=checkpoint_tokens)
         finally:
             if dm is not None:

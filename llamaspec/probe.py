@@ -64,12 +64,14 @@ class LevelProbe:
     n_rs_seq: int  # n_rs_seq the context actually got when RS was requested (0 = unsupported)
 
 
-def probe_levels(model: llama.Model, *, n_rs_seq: int = DEFAULT_RS_PROBE, n_ctx: int = 64, n_threads: int | None = None) -> LevelProbe:
+def probe_levels(model: llama.Model, *, n_rs_seq: int = DEFAULT_RS_PROBE, n_ctx: int = 64, n_threads: int | None = None,
+                 n_threads_batch: int | None = None) -> LevelProbe:
     """Probe ``model`` on scratch contexts: level with ``n_rs_seq = 0`` and with ``n_rs_seq`` requested."""
     n_ctx = _scratch_ctx(model, n_ctx)
-    with llama.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_threads=n_threads) as ctx:
+    with llama.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_threads=n_threads, n_threads_batch=n_threads_batch) as ctx:
         level = can_seq_rm(ctx)
-    with llama.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_rs_seq=n_rs_seq, n_threads=n_threads) as ctx:
+    with llama.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_rs_seq=n_rs_seq, n_threads=n_threads,
+                       n_threads_batch=n_threads_batch) as ctx:
         got = ctx.n_rs_seq
         level_rs = can_seq_rm(ctx)
     return LevelProbe(level, level_rs, got)
@@ -111,11 +113,12 @@ class CheckpointCost:
         }
 
 
-def measure_checkpoint(model: llama.Model, *, n_tokens: int = 1024, n_threads: int | None = None, repeats: int = 3) -> CheckpointCost:
+def measure_checkpoint(model: llama.Model, *, n_tokens: int = 1024, n_threads: int | None = None, repeats: int = 3,
+                       n_threads_batch: int | None = None) -> CheckpointCost:
     """Size and save/load time of a PARTIAL_ONLY sequence state after ``n_tokens`` tokens."""
     n_ctx = _scratch_ctx(model, n_tokens + 16)
     n_tokens = min(n_tokens, n_ctx - 8)
-    with llama.Context(model, n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=n_threads) as ctx:
+    with llama.Context(model, n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=n_threads, n_threads_batch=n_threads_batch) as ctx:
         ctx.decode_tokens(_filler_tokens(model, n_tokens), 0, 0, output_last=True)
         flags = llama.STATE_FLAGS_PARTIAL_ONLY
         full = ctx.state_seq_size(0, llama.STATE_FLAGS_NONE)
@@ -133,7 +136,8 @@ def measure_checkpoint(model: llama.Model, *, n_tokens: int = 1024, n_threads: i
 
 
 def measure_verify_curve(
-    model: llama.Model, *, sizes: Sequence[int] = VERIFY_SIZES, n_prefix: int = 32, repeats: int = 3, n_threads: int | None = None
+    model: llama.Model, *, sizes: Sequence[int] = VERIFY_SIZES, n_prefix: int = 32, repeats: int = 3, n_threads: int | None = None,
+    n_threads_batch: int | None = None,
 ) -> dict[int, float]:
     """Milliseconds to decode ``n`` tokens of one sequence in one batch with logits for every row."""
     n_max = max(sizes)
@@ -141,7 +145,8 @@ def measure_verify_curve(
     n_prefix = min(n_prefix, n_ctx - n_max - 8)
     toks = _filler_tokens(model, n_prefix + n_max)
     out: dict[int, float] = {}
-    with llama.Context(model, n_ctx=n_ctx, n_batch=max(n_max, n_prefix), n_outputs_max=n_max, n_threads=n_threads) as ctx:
+    with llama.Context(model, n_ctx=n_ctx, n_batch=max(n_max, n_prefix), n_outputs_max=n_max, n_threads=n_threads,
+                       n_threads_batch=n_threads_batch) as ctx:
         mem = ctx.memory
         # warm-up
         ctx.decode_tokens(toks[:n_prefix], 0, 0)
@@ -254,8 +259,8 @@ class ProbeReport:
 
 
 def report_model(model: llama.Model, *, measure: bool = True, n_rs_seq: int = DEFAULT_RS_PROBE, n_threads: int | None = None,
-                 checkpoint_tokens: int = 1024) -> ModelReport:
-    lv = probe_levels(model, n_rs_seq=n_rs_seq, n_threads=n_threads)
+                 checkpoint_tokens: int = 1024, n_threads_batch: int | None = None) -> ModelReport:
+    lv = probe_levels(model, n_rs_seq=n_rs_seq, n_threads=n_threads, n_threads_batch=n_threads_batch)
     r = ModelReport(
         path=str(model.path),
         arch=model.arch,
@@ -276,7 +281,7 @@ def report_model(model: llama.Model, *, measure: bool = True, n_rs_seq: int = DE
         n_layer_nextn=model.n_layer_nextn,
     )
     if measure and lv.level is not Level.NO:
-        cp = measure_checkpoint(model, n_tokens=checkpoint_tokens, n_threads=n_threads)
+        cp = measure_checkpoint(model, n_tokens=checkpoint_tokens, n_threads=n_threads, n_threads_batch=n_threads_batch)
         r.checkpoint = {
             "n_tokens": cp.n_tokens,
             "partial_bytes": cp.partial_bytes,
@@ -285,18 +290,22 @@ def report_model(model: llama.Model, *, measure: bool = True, n_rs_seq: int = DE
             "load_ms": round(cp.load_ms, 4),
             **cp.per_1k(),
         }
-        r.verify_cost_ms = measure_verify_curve(model, n_threads=n_threads)
+        r.verify_cost_ms = measure_verify_curve(model, n_threads=n_threads, n_threads_batch=n_threads_batch)
     return r
 
 
 def probe(target: llama.Model, draft: llama.Model | None = None, *, measure: bool = True, n_rs_seq: int = DEFAULT_RS_PROBE,
-          n_threads: int | None = None, checkpoint_tokens: int = 1024) -> ProbeReport:
-    """Everything the ``llamaspec probe`` command reports, as a dataclass (``to_dict()`` for JSON)."""
+          n_threads: int | None = None, checkpoint_tokens: int = 1024, n_threads_batch: int | None = None,
+          n_threads_draft: int | None = None) -> ProbeReport:
+    """Everything the ``llamaspec probe`` command reports, as a dataclass (``to_dict()`` for JSON).
+
+    Threads as llama.cpp's ``-t``/``-tb``/``-td``: the draft generates with ``n_threads_draft`` (default
+    ``n_threads``) and processes batches with the target's ``n_threads_batch``."""
     rep = ProbeReport(target=report_model(target, measure=measure, n_rs_seq=n_rs_seq, n_threads=n_threads,
-                                          checkpoint_tokens=checkpoint_tokens))
+                                          checkpoint_tokens=checkpoint_tokens, n_threads_batch=n_threads_batch))
     if draft is not None:
-        rep.draft = report_model(draft, measure=measure, n_rs_seq=n_rs_seq, n_threads=n_threads,
-                                 checkpoint_tokens=checkpoint_tokens)
+        rep.draft = report_model(draft, measure=measure, n_rs_seq=n_rs_seq, n_threads=n_threads_draft or n_threads,
+                                 checkpoint_tokens=checkpoint_tokens, n_threads_batch=n_threads_batch or n_threads)
         rules = check_vocab_compat(target.vocab, draft.vocab)
         rep.vocab = [x.to_dict() for x in rules]
         rep.vocab_compatible = is_compatible(rules)

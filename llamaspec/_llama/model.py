@@ -14,6 +14,8 @@ Lifetime rules (a native model must outlive every context and grammar sampler ma
 from __future__ import annotations
 
 import ctypes
+import logging
+import math
 import os
 import threading
 import weakref
@@ -22,10 +24,88 @@ from typing import Sequence
 
 from llama_cpp import llama_cpp as native
 
-from ..errors import LlamaSpecError, ModelFormatError
+from ..errors import LlamaSpecError, ModelFormatError, UsageError
 from .log import _forget_native_errors, _last_native_error, backend_init
 
 TOKEN_NULL = -1
+
+log = logging.getLogger("llamaspec")
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU offload (llama_model_params: n_gpu_layers, main_gpu, split_mode, tensor_split)
+# ---------------------------------------------------------------------------------------------------
+
+#: ``-sm`` names, as llama.cpp's ``common/arg.cpp`` spells them (``tensor`` is experimental there)
+SPLIT_MODES: dict[str, int] = {
+    "none": native.LLAMA_SPLIT_MODE_NONE,
+    "layer": native.LLAMA_SPLIT_MODE_LAYER,
+    "row": native.LLAMA_SPLIT_MODE_ROW,
+    "tensor": native.LLAMA_SPLIT_MODE_TENSOR,
+}
+#: ``llama_model_default_params().n_gpu_layers`` (-1 in this llama.cpp: a negative value means all layers)
+N_GPU_LAYERS_DEFAULT: int = int(native.llama_model_default_params().n_gpu_layers)
+
+
+def max_devices() -> int:
+    """``llama_max_devices()``: the length of llama.cpp's ``tensor_split`` array."""
+    return int(native.llama_max_devices())
+
+
+def supports_gpu_offload() -> bool:
+    """Whether the loaded llama.cpp library was built with a GPU backend (CUDA, Metal, Vulkan, ...)."""
+    return bool(native.llama_supports_gpu_offload())
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_offload(*, n_gpu_layers=None, main_gpu=None, split_mode=None, tensor_split=None,
+                  draft: bool = False) -> tuple[float, ...] | None:
+    """Validate GPU-offload settings (None = llama.cpp's default); :class:`UsageError` with one line naming
+    the argument and its flag. Returns ``tensor_split`` as a tuple of floats (or None).
+
+    >>> check_offload(n_gpu_layers=99, split_mode="row", tensor_split=[3, 1])
+    (3.0, 1.0)
+    >>> check_offload(n_gpu_layers=-2)
+    Traceback (most recent call last):
+    llamaspec.errors.UsageError: n_gpu_layers (-ngl) must be >= 0, or -1 for llama.cpp's default (all layers), got -2
+    >>> check_offload(split_mode="rows")
+    Traceback (most recent call last):
+    llamaspec.errors.UsageError: unknown split mode 'rows' (-sm): valid are none, layer, row, tensor
+    """
+    name, flag = ("n_gpu_layers_draft", "-ngld") if draft else ("n_gpu_layers", "-ngl")
+    if n_gpu_layers is not None:
+        if not _is_int(n_gpu_layers):
+            raise UsageError(f"{name} ({flag}) must be an integer, got {n_gpu_layers!r}")
+        if n_gpu_layers < 0 and n_gpu_layers != N_GPU_LAYERS_DEFAULT:
+            raise UsageError(f"{name} ({flag}) must be >= 0, or {N_GPU_LAYERS_DEFAULT} for llama.cpp's default "
+                             f"(all layers), got {n_gpu_layers}")
+    if main_gpu is not None:
+        if not _is_int(main_gpu):
+            raise UsageError(f"main_gpu (-mg) must be an integer, got {main_gpu!r}")
+        if not 0 <= main_gpu < max_devices():
+            raise UsageError(f"main_gpu (-mg) must be a GPU index from 0 to {max_devices() - 1}, got {main_gpu}")
+    if split_mode is not None and split_mode not in SPLIT_MODES:
+        raise UsageError(f"unknown split mode {split_mode!r} (-sm): valid are {', '.join(SPLIT_MODES)}")
+    if split_mode == "tensor" and not supports_gpu_offload():
+        raise UsageError("split mode tensor (-sm) splits tensors across GPUs, and this llama.cpp build has no GPU "
+                         "backend: use another split mode, or a GPU build (README, GPU offload)")
+    if tensor_split is None:
+        return None
+    if isinstance(tensor_split, (str, bytes)) or not hasattr(tensor_split, "__iter__"):
+        raise UsageError(f"tensor_split (-ts) must be a list of proportions, one per GPU (e.g. [3, 1]), got {tensor_split!r}")
+    vals = list(tensor_split)
+    if not vals:
+        raise UsageError("tensor_split (-ts) is empty: give one proportion per GPU (e.g. 3,1), or leave it unset")
+    if len(vals) > max_devices():
+        raise UsageError(f"tensor_split (-ts) has {len(vals)} entries, but llama.cpp supports at most "
+                         f"{max_devices()} devices (llama_max_devices)")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise UsageError(f"tensor_split (-ts) entries must be finite numbers >= 0, got {v!r}")
+    return tuple(float(v) for v in vals)
 
 
 class _Owned:
@@ -170,6 +250,17 @@ def _check_gguf_magic(path: Path) -> None:
         )
 
 
+_warned_no_gpu = False
+
+
+def _warn_no_gpu_once() -> None:
+    global _warned_no_gpu
+    if not _warned_no_gpu:
+        _warned_no_gpu = True
+        log.warning("this llama.cpp build has no GPU offload: the GPU layers setting (-ngl) is ignored, the model "
+                    "runs on the CPU (see README, GPU offload)")
+
+
 class Model(_Owned):
     """A loaded GGUF model. Use as a context manager or call :meth:`close`."""
 
@@ -177,11 +268,18 @@ class Model(_Owned):
         self,
         path: str | os.PathLike,
         *,
-        n_gpu_layers: int = 0,
+        n_gpu_layers: int | None = None,
         use_mmap: bool = True,
         vocab_only: bool = False,
         load_mtp: bool = False,
+        main_gpu: int | None = None,
+        split_mode: str | None = None,
+        tensor_split: Sequence[float] | None = None,
     ):
+        """Load ``path``. GPU offload (None = llama.cpp's default, see :func:`check_offload`):
+        ``n_gpu_layers`` layers in VRAM (-1 = all, llama.cpp's default; ignored by a CPU-only build),
+        ``split_mode`` (none, layer, row, tensor) and ``tensor_split`` (proportions per GPU) across several
+        GPUs, ``main_gpu`` the GPU used with split mode none. The values are kept as attributes."""
         self.ptr = None
         self._users = 0  # open contexts / grammar samplers that use the native model
         self._pending_free = None  # the native pointer, once closed while users remain
@@ -189,14 +287,32 @@ class Model(_Owned):
         backend_init()
         self.path = Path(path)
         _check_gguf_magic(self.path)
+        ts = check_offload(n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split)
         params = native.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers
+        if n_gpu_layers is not None:
+            params.n_gpu_layers = n_gpu_layers
+        if main_gpu is not None:
+            params.main_gpu = main_gpu
+        if split_mode is not None:
+            params.split_mode = SPLIT_MODES[split_mode]
+        # llama.cpp reads max_devices() floats through this pointer while it loads: the array lives until then
+        ts_buf = (ctypes.c_float * max_devices())(*ts) if ts is not None else None
+        if ts_buf is not None:
+            params.tensor_split = ts_buf
+        #: what llama.cpp was asked for (attributes, for reports and tests)
+        self.n_gpu_layers: int = int(params.n_gpu_layers)
+        self.main_gpu: int = int(params.main_gpu)
+        self.split_mode: str = next((k for k, v in SPLIT_MODES.items() if v == params.split_mode), str(params.split_mode))
+        self.tensor_split: tuple[float, ...] | None = ts
+        if (n_gpu_layers or 0) > 0 and not vocab_only and not supports_gpu_offload():
+            _warn_no_gpu_once()
         params.use_mmap = use_mmap
         params.vocab_only = vocab_only
         if hasattr(params, "load_mtp"):
             params.load_mtp = load_mtp
         _forget_native_errors()
         ptr = native.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        del ts_buf
         if not ptr:
             why = _last_native_error("llama.cpp could not load it")
             raise ModelFormatError(f"failed to load model {self.path}: {why}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .. import _llama as L
+from .._llama.model import supports_gpu_offload
 from ..errors import UsageError
 from ..params import SpecParams
 from .modes import Mode
@@ -39,6 +40,13 @@ class BenchConfig:
     n_ctx: int = 1024
     n_batch: int = 512
     threads: int = 0  # 0 = all available cores
+    threads_batch: int = 0  # 0 = same as threads
+    threads_draft: int = 0  # 0 = same as threads
+    n_gpu_layers: int = 0  # the bench's default: every engine on the CPU; -1 = all layers
+    n_gpu_layers_draft: int | None = None  # None = same as n_gpu_layers
+    main_gpu: int | None = None  # None = llama.cpp's default
+    split_mode: str | None = None
+    tensor_split: tuple[float, ...] | None = None
     flash_attn: bool = True
     seed: int = 42
     spec: SpecParams = field(default_factory=SpecParams)
@@ -88,15 +96,16 @@ def _machine() -> dict:
             "python": sys.version.split()[0], "loadavg_at_start": load}
 
 
-def measure_costs(target: L.Model, draft: L.Model | None, threads: int) -> dict:
+def measure_costs(target: L.Model, draft: L.Model | None, threads: int, *, threads_batch: int | None = None,
+                  threads_draft: int | None = None) -> dict:
     """Target verify-cost curve and draft/target cost ratio (spec §6 probe; ms of one decode with logits)."""
     from ..probe import measure_verify_curve, recommend_draft_length
 
-    curve = measure_verify_curve(target, sizes=VERIFY_SIZES, n_threads=threads)
+    curve = measure_verify_curve(target, sizes=VERIFY_SIZES, n_threads=threads, n_threads_batch=threads_batch)
     out: dict = {"verify_curve_ms": {str(k): round(v, 4) for k, v in curve.items()},
                  "verify_cost_rel": {str(k): round(v / curve[1], 4) for k, v in curve.items()}}
     if draft is not None:
-        d = measure_verify_curve(draft, sizes=(1,), n_threads=threads)
+        d = measure_verify_curve(draft, sizes=(1,), n_threads=threads_draft or threads, n_threads_batch=threads_batch)
         out["draft_ms_1"] = round(d[1], 4)
         out["target_ms_1"] = round(curve[1], 4)
         out["cost_ratio"] = d[1] / curve[1]
@@ -112,7 +121,8 @@ class _TieChecker:
     """Teacher-forces a shared prefix on the target and looks at the logits where two outputs part."""
 
     def __init__(self, model: L.Model, cfg: BenchConfig, threads: int):
-        self.ctx = L.Context(model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=threads, flash_attn=cfg.flash_attn)
+        self.ctx = L.Context(model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=threads, flash_attn=cfg.flash_attn,
+                             n_threads_batch=cfg.threads_batch or threads)
         self.model = model
 
     def check(self, prefix: Sequence[int], ref_tok: int, other_tok: int | None, tol: float) -> dict:
@@ -165,14 +175,17 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
     """Run everything ``cfg`` asks for and return the report dictionary (JSON-serialisable)."""
     cfg.validate()
     threads = cfg.threads or L.default_threads()
+    threads_batch, threads_draft = cfg.threads_batch or threads, cfg.threads_draft or threads
+    ngl_draft = cfg.n_gpu_layers if cfg.n_gpu_layers_draft is None else cfg.n_gpu_layers_draft
+    placement = dict(main_gpu=cfg.main_gpu, split_mode=cfg.split_mode, tensor_split=cfg.tensor_split)
     t_start = time.time()
     notes: list[str] = []
     skipped: list[dict] = []
     machine = _machine()
 
     progress("phase", text="loading models")
-    model = L.Model(cfg.target)
-    model_dft = L.Model(cfg.draft) if cfg.draft else None
+    model = L.Model(cfg.target, n_gpu_layers=cfg.n_gpu_layers, **placement)
+    model_dft = L.Model(cfg.draft, n_gpu_layers=ngl_draft, **placement) if cfg.draft else None
     runners: dict[str, Runner] = {}
     results: list[RunResult] = []
     costs: dict | None = None
@@ -185,9 +198,11 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
                              f"prompt must fit -b {cfg.n_batch}; raise them or lower -n")
         if cfg.measure_costs:
             progress("phase", text="measuring verify-cost curve and draft/target cost")
-            costs = measure_costs(model, model_dft, threads)
+            costs = measure_costs(model, model_dft, threads, threads_batch=threads_batch, threads_draft=threads_draft)
 
-        settings = RunSettings(cfg.n_ctx, cfg.n_batch, threads, cfg.flash_attn, cfg.seed, cfg.spec)
+        settings = RunSettings(cfg.n_ctx, cfg.n_batch, threads, cfg.flash_attn, cfg.seed, cfg.spec,
+                               threads_batch=threads_batch, threads_draft=threads_draft, n_gpu_layers=cfg.n_gpu_layers,
+                               n_gpu_layers_draft=ngl_draft, **placement)
         for e in cfg.engines:
             if e == "llamaspec":
                 runners[e] = LlamaspecRunner(model, model_dft, settings)
@@ -295,7 +310,10 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
             "prompts": cfg.prompts_file or "shipped (llamaspec/bench/prompts.jsonl)", "n_prompts": len(cfg.prompts),
             "prompt_tokens": {p.id: len(p.tokens) for p in bprompts},
             "n_predict": cfg.n_predict, "repeats": cfg.repeats, "n_ctx": cfg.n_ctx, "n_batch": cfg.n_batch,
-            "threads": threads, "flash_attn": cfg.flash_attn, "kv_cache": "f16", "sampling": "greedy (temp 0)",
+            "threads": threads, "threads_batch": threads_batch, "threads_draft": threads_draft,
+            "n_gpu_layers": cfg.n_gpu_layers, "n_gpu_layers_draft": ngl_draft, "main_gpu": cfg.main_gpu,
+            "split_mode": cfg.split_mode, "tensor_split": list(cfg.tensor_split) if cfg.tensor_split else None,
+            "gpu_offload_supported": supports_gpu_offload(), "flash_attn": cfg.flash_attn, "kv_cache": "f16", "sampling": "greedy (temp 0)",
             "seed": cfg.seed, "warmup": cfg.warmup, "quick": cfg.quick,
             "draft_n_max": cfg.spec.draft.n_max, "draft_n_min": cfg.spec.draft.n_min,
             "ngram_mod": vars(cfg.spec.ngram_mod).copy(), "ngram_simple": vars(cfg.spec.ngram_simple).copy(),

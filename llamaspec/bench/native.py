@@ -47,6 +47,19 @@ class NativeSettings:
     flash_attn: bool
     seed: int
     spec: SpecParams = field(default_factory=SpecParams)
+    threads_batch: int = 0  # 0 = same as threads
+    threads_draft: int = 0  # 0 = same as threads
+    n_gpu_layers: int = 0  # -1 = all layers
+    n_gpu_layers_draft: int = 0
+    main_gpu: int | None = None  # None = llama.cpp's default
+    split_mode: str | None = None
+    tensor_split: tuple[float, ...] | None = None
+
+
+def _ngl(n: int) -> str:
+    """A layer count for the tools' ``-ngl``/``-ngld`` (their -1 means 'auto', fit to free memory: all layers
+    is 'all')."""
+    return "all" if n < 0 else str(n)
 
 
 def native_dirs(explicit: str | os.PathLike | None = None) -> list[Path]:
@@ -78,14 +91,26 @@ def free_port() -> int:
 
 
 def common_args(s: NativeSettings) -> list[str]:
-    """Context, threads and greedy sampling flags shared by both tools."""
-    return [
+    """Context, threads, GPU offload and greedy sampling flags shared by both tools."""
+    a = [
         "-c", str(s.n_ctx), "-b", str(s.n_batch), "-ub", str(s.n_batch),
-        "-t", str(s.threads), "-tb", str(s.threads),
+        "-t", str(s.threads), "-tb", str(s.threads_batch or s.threads),
         "-fa", "on" if s.flash_attn else "off",
         "--temp", "0", "--top-k", "1", "--seed", str(s.seed),
-        "-ngl", "0",
+        "-ngl", _ngl(s.n_gpu_layers),
     ]
+    if s.main_gpu is not None:
+        a += ["-mg", str(s.main_gpu)]
+    if s.split_mode is not None:
+        a += ["-sm", s.split_mode]
+    if s.tensor_split is not None:
+        a += ["-ts", ",".join(repr(float(x)) for x in s.tensor_split)]
+    return a
+
+
+def draft_device_args(s: NativeSettings) -> list[str]:
+    """The draft model's GPU layers and threads (``-ngld``, ``-td``; its batch threads follow ``-tb``)."""
+    return ["-ngld", _ngl(s.n_gpu_layers_draft), "-td", str(s.threads_draft or s.threads)]
 
 
 def spec_args(mode: Mode, spec: SpecParams, draft: str | None) -> list[str]:
@@ -106,7 +131,7 @@ def spec_args(mode: Mode, spec: SpecParams, draft: str | None) -> list[str]:
         if not draft:
             raise NativeError(f"mode {mode.name} needs a draft model")
         a += ["-md", str(draft), "--spec-draft-n-max", str(p.draft.n_max), "--spec-draft-n-min", str(p.draft.n_min),
-              "--spec-draft-p-min", repr(float(p.draft.p_min)), "-ngld", "0"]
+              "--spec-draft-p-min", repr(float(p.draft.p_min))]
     if "ngram-mod" in mode.types:
         a += ["--spec-ngram-mod-n-match", str(p.ngram_mod.n_match), "--spec-ngram-mod-n-min", str(p.ngram_mod.n_min),
               "--spec-ngram-mod-n-max", str(p.ngram_mod.n_max)]

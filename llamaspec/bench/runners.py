@@ -13,8 +13,8 @@ from typing import Sequence
 from .. import _llama as L
 from ..params import SpecParams
 from .modes import Mode
-from .native import (SERVER, SPEC_SIMPLE, NativeSettings, Server, common_args, find_tool, per_pos_from_metrics,
-                     run_spec_simple_parsed, spec_args)
+from .native import (SERVER, SPEC_SIMPLE, NativeSettings, Server, common_args, draft_device_args, find_tool,
+                     per_pos_from_metrics, run_spec_simple_parsed, spec_args)
 from .stats import RunResult
 
 ENGINES = ("llamaspec", "native", "llama-cpp-python", "native-server")
@@ -40,6 +40,27 @@ class RunSettings:
     flash_attn: bool
     seed: int
     spec: SpecParams
+    threads_batch: int = 0  # 0 = same as threads
+    threads_draft: int = 0  # 0 = same as threads
+    n_gpu_layers: int = 0  # -1 = all layers (the llamaspec runner gets models already loaded with it)
+    n_gpu_layers_draft: int = 0
+    main_gpu: int | None = None  # None = llama.cpp's default
+    split_mode: str | None = None
+    tensor_split: tuple[float, ...] | None = None
+
+
+def _lcp_placement(s: RunSettings) -> dict:
+    """llama-cpp-python ``Llama`` arguments for the multi-GPU placement (only those that were set)."""
+    import llama_cpp
+
+    out: dict = {}
+    if s.main_gpu is not None:
+        out["main_gpu"] = s.main_gpu
+    if s.split_mode is not None:
+        out["split_mode"] = getattr(llama_cpp, f"LLAMA_SPLIT_MODE_{s.split_mode.upper()}")
+    if s.tensor_split is not None:
+        out["tensor_split"] = list(s.tensor_split)
+    return out
 
 
 def prepare_prompts(model: L.Model, prompts) -> list[BenchPrompt]:
@@ -100,7 +121,8 @@ class LlamaspecRunner(Runner):
             return
         self.engines[mode.name] = Engine(
             self.model, draft=self.model_dft if mode.needs_draft else None, spec=mode.spec_params(self.s.spec),
-            n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, n_threads=self.s.threads, flash_attn=self.s.flash_attn)
+            n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, n_threads=self.s.threads, flash_attn=self.s.flash_attn,
+            n_threads_batch=self.s.threads_batch or None, n_threads_draft=self.s.threads_draft or None)
 
     def run(self, mode: Mode, prompt: BenchPrompt, n_predict: int, repeat: int) -> RunResult:
         self.prepare(mode)
@@ -146,7 +168,11 @@ class NativeRunner(Runner):
 
     @property
     def nsettings(self) -> NativeSettings:
-        return NativeSettings(self.s.n_ctx, self.s.n_batch, self.s.threads, self.s.flash_attn, self.s.seed, self.s.spec)
+        s = self.s
+        return NativeSettings(s.n_ctx, s.n_batch, s.threads, s.flash_attn, s.seed, s.spec, threads_batch=s.threads_batch,
+                              threads_draft=s.threads_draft, n_gpu_layers=s.n_gpu_layers,
+                              n_gpu_layers_draft=s.n_gpu_layers_draft, main_gpu=s.main_gpu, split_mode=s.split_mode,
+                              tensor_split=s.tensor_split)
 
     def tool(self, mode: Mode) -> str:
         if not self.force_server and mode.types == ("draft-simple",) and mode.synth_len is None:
@@ -164,7 +190,8 @@ class NativeRunner(Runner):
         return None
 
     def _args(self, mode: Mode) -> list[str]:
-        return common_args(self.nsettings) + spec_args(mode, self.s.spec, self.draft)
+        ns = self.nsettings
+        return common_args(ns) + spec_args(mode, self.s.spec, self.draft) + (draft_device_args(ns) if mode.needs_draft else [])
 
     def prepare(self, mode: Mode) -> None:
         if self.tool(mode) != SERVER or mode.name in self.servers:
@@ -280,8 +307,8 @@ class LlamaCppPythonRunner(Runner):
             self.drafts[mode.name] = draft
         self.llms[mode.name] = Llama(
             self.target, n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, n_ubatch=self.s.n_batch, n_threads=self.s.threads,
-            n_threads_batch=self.s.threads, flash_attn=self.s.flash_attn, seed=self.s.seed, n_gpu_layers=0,
-            draft_model=draft, verbose=False)
+            n_threads_batch=self.s.threads_batch or self.s.threads, flash_attn=self.s.flash_attn, seed=self.s.seed,
+            n_gpu_layers=self.s.n_gpu_layers, draft_model=draft, verbose=False, **_lcp_placement(self.s))
 
     def run(self, mode: Mode, prompt: BenchPrompt, n_predict: int, repeat: int) -> RunResult:
         import llama_cpp
