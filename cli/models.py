@@ -15,14 +15,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from llamaspec import models as M
+from llamaspec import models as registry
 from llamaspec.errors import FetchError
 
-from ._common import err_console, handle_errors, progress_bar
+from ._common import handle_errors, progress_bar
 
 
-def _registry(ctx: click.Context) -> M.Registry:
-    return M.load_registry(ctx.obj.get("models_toml") if ctx.obj else None)
+def _registry(ctx: click.Context) -> registry.Registry:
+    return registry.load_registry(ctx.obj.get("models_toml") if ctx.obj else None)
 
 
 def _fmt_size(n_bytes: Optional[float]) -> str:
@@ -32,10 +32,10 @@ def _fmt_size(n_bytes: Optional[float]) -> str:
     return f"{mb / 1000:.2f} GB" if mb >= 1000 else f"{mb:.1f} MB"
 
 
-def _model_rows(reg: M.Registry, cache: Path) -> list[dict[str, Any]]:
+def _model_rows(reg: registry.Registry, cache: Path) -> list[dict[str, Any]]:
     rows = []
     for name, e in reg.models.items():
-        p = M.cached_path(name, registry=reg, cache_dir=cache)
+        p = registry.cached_path(name, registry=reg, cache_dir=cache)
         size = p.stat().st_size if p is not None else (e.size_mb * 1e6 if e.size_mb is not None else None)
         src: dict[str, Any] = {"kind": e.kind}
         if e.kind == "pypi":
@@ -85,7 +85,7 @@ def models(ctx: click.Context, models_toml: Optional[str]) -> None:
 def list_cmd(ctx: click.Context, as_json: bool, cache_dir: Optional[str]) -> None:
     """Show the models and target+draft pairs, and which models are cached."""
     reg = _registry(ctx)
-    cache = M.cache_dir(cache_dir)
+    cache = registry.cache_dir(cache_dir)
     rows = _model_rows(reg, cache)
     pairs = [
         {"name": p.name, "target": p.target, "draft": p.draft, "description": p.description,
@@ -142,7 +142,7 @@ def list_cmd(ctx: click.Context, as_json: bool, cache_dir: Optional[str]) -> Non
                   f"registry: {', '.join(str(s) for s in reg.sources)}[/]")
 
 
-def _names_to_models(reg: M.Registry, names: tuple[str, ...]) -> list[str]:
+def _names_to_models(reg: registry.Registry, names: tuple[str, ...]) -> list[str]:
     """Model names to pull; a pair name stands for its target and draft."""
     out: list[str] = []
     for n in names or (reg.default_model,):
@@ -168,7 +168,7 @@ def pull_cmd(ctx: click.Context, names: tuple[str, ...], cache_dir: Optional[str
     paths = []
     with progress_bar() as progress:
         for name in _names_to_models(reg, names):
-            paths.append(M.pull(name, registry=reg, cache_dir=cache_dir, progress=progress, verify=verify))
+            paths.append(registry.pull(name, registry=reg, cache_dir=cache_dir, progress=progress, verify=verify))
     for p in paths:
         click.echo(str(p))
 
@@ -184,14 +184,14 @@ def path_cmd(ctx: click.Context, name: Optional[str], cache_dir: Optional[str], 
     reg = _registry(ctx)
     if no_fetch:
         try:
-            p = M.resolve_model(name, registry=reg, cache_dir=cache_dir, fetch=False)
+            p = registry.resolve_model(name, registry=reg, cache_dir=cache_dir, fetch=False)
         except FetchError:
             shown = name or reg.default_model
             raise FetchError(
-                f"model {shown!r} is not in the cache ({M.cache_dir(cache_dir)}); "
+                f"model {shown!r} is not in the cache ({registry.cache_dir(cache_dir)}); "
                 f"run `llamaspec models pull {shown}`"
             ) from None
     else:
         with progress_bar() as progress:
-            p = M.resolve_model(name, registry=reg, cache_dir=cache_dir, progress=progress)
+            p = registry.resolve_model(name, registry=reg, cache_dir=cache_dir, progress=progress)
     click.echo(str(p))

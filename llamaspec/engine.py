@@ -33,7 +33,7 @@ from . import _llama as llama
 from .chain import Chain
 from .contexts import build_parts
 from .drafters.base import Drafter
-from .errors import ContextOverflowError, EngineClosedError, LlamaSpecError, MemoryOpError, UsageError
+from .errors import ContextOverflowError, EngineClosedError, LlamaSpecError, UsageError
 from .memory import DraftRollback, TargetRollback
 from .params import SpecParams
 from .request import Request, RequestState

@@ -28,12 +28,12 @@ def main(argv=None) -> int:
 
     from llama_cpp import Llama
 
-    from llamaspec import _llama as L
+    from llamaspec import _llama as llama
     from llamaspec.engine import Engine
     from llamaspec.models import resolve_model
 
     path = str(resolve_model(a.model))
-    threads = a.threads or L.default_threads()
+    threads = a.threads or llama.default_threads()
     eng = Engine(path, n_ctx=a.ctx_size, n_threads=threads)
     llm = Llama(path, n_ctx=a.ctx_size, n_threads=threads, n_threads_batch=threads, verbose=False)
     toks = eng.tokenize(a.prompt)

@@ -56,7 +56,6 @@ def main() -> None:
                    enumerate(["bicycle", "compiler", "river delta", "heat pump", "database index"] * 10)]
     spec = SpecParams()
     spec.draft.n_max = 4
-    rng = random.Random(0)
     t0 = time.perf_counter()
     counts: dict[str, int] = {}
     with Engine(target, draft=draft, spec=spec, n_ctx=1024 if args.tiny else 2048, n_parallel=args.n_parallel) as eng:

@@ -11,7 +11,7 @@ raises :class:`~llamaspec.errors.LlamaSpecError` instead of handing a NULL point
 * :mod:`.sampler` - :class:`SamplingParams`, :class:`Sampler`
 * :mod:`.staging` - the staging (``llama-ext.h``) symbols, bound by exported name
 
-Callers use the package as one namespace (``from llamaspec import _llama as L; L.Context(...)``). Chat
+Callers use the package as one namespace (``from llamaspec import _llama as llama; llama.Context(...)``). Chat
 templates are rendered by :mod:`llamaspec.chat`.
 """
 from __future__ import annotations

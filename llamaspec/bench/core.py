@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .. import _llama as L
+from .. import _llama as llama
 from .._llama.model import supports_gpu_offload
 from ..errors import UsageError
 from ..params import SpecParams
@@ -92,11 +92,11 @@ def _machine() -> dict:
         load = os.getloadavg()
     except OSError:  # pragma: no cover
         load = None
-    return {"cpu": cpu, "n_cpus_available": L.default_threads(), "platform": platform.platform(),
+    return {"cpu": cpu, "n_cpus_available": llama.default_threads(), "platform": platform.platform(),
             "python": sys.version.split()[0], "loadavg_at_start": load}
 
 
-def measure_costs(target: L.Model, draft: L.Model | None, threads: int, *, threads_batch: int | None = None,
+def measure_costs(target: llama.Model, draft: llama.Model | None, threads: int, *, threads_batch: int | None = None,
                   threads_draft: int | None = None) -> dict:
     """Target verify-cost curve and draft/target cost ratio (spec §6 probe; ms of one decode with logits)."""
     from ..probe import measure_verify_curve, recommend_draft_length
@@ -120,8 +120,8 @@ def measure_costs(target: L.Model, draft: L.Model | None, threads: int, *, threa
 class _TieChecker:
     """Teacher-forces a shared prefix on the target and looks at the logits where two outputs part."""
 
-    def __init__(self, model: L.Model, cfg: BenchConfig, threads: int):
-        self.ctx = L.Context(model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=threads, flash_attn=cfg.flash_attn,
+    def __init__(self, model: llama.Model, cfg: BenchConfig, threads: int):
+        self.ctx = llama.Context(model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=threads, flash_attn=cfg.flash_attn,
                              n_threads_batch=cfg.threads_batch or threads)
         self.model = model
 
@@ -146,14 +146,14 @@ class _TieChecker:
         self.ctx.close()
 
 
-def _trim_eog(tokens: Sequence[int], vocab: L.Vocab) -> list[int]:
+def _trim_eog(tokens: Sequence[int], vocab: llama.Vocab) -> list[int]:
     t = list(tokens)
     while t and vocab.is_eog(t[-1]):
         t.pop()
     return t
 
 
-def _text_divergence(ref_tokens: Sequence[int], text: str, vocab: L.Vocab) -> int | None:
+def _text_divergence(ref_tokens: Sequence[int], text: str, vocab: llama.Vocab) -> int | None:
     """First token index where ``text`` departs from the pieces of ``ref_tokens`` (None: one is a prefix of
     the other)."""
     pieces = [vocab.token_to_piece(t, special=True) for t in ref_tokens]
@@ -174,7 +174,7 @@ def _text_divergence(ref_tokens: Sequence[int], text: str, vocab: L.Vocab) -> in
 def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
     """Run everything ``cfg`` asks for and return the report dictionary (JSON-serialisable)."""
     cfg.validate()
-    threads = cfg.threads or L.default_threads()
+    threads = cfg.threads or llama.default_threads()
     threads_batch, threads_draft = cfg.threads_batch or threads, cfg.threads_draft or threads
     ngl_draft = cfg.n_gpu_layers if cfg.n_gpu_layers_draft is None else cfg.n_gpu_layers_draft
     placement = dict(main_gpu=cfg.main_gpu, split_mode=cfg.split_mode, tensor_split=cfg.tensor_split)
@@ -184,8 +184,8 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
     machine = _machine()
 
     progress("phase", text="loading models")
-    model = L.Model(cfg.target, n_gpu_layers=cfg.n_gpu_layers, **placement)
-    model_dft = L.Model(cfg.draft, n_gpu_layers=ngl_draft, **placement) if cfg.draft else None
+    model = llama.Model(cfg.target, n_gpu_layers=cfg.n_gpu_layers, **placement)
+    model_dft = llama.Model(cfg.draft, n_gpu_layers=ngl_draft, **placement) if cfg.draft else None
     runners: dict[str, Runner] = {}
     results: list[RunResult] = []
     costs: dict | None = None
@@ -293,7 +293,7 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
         pass
     file_type = None
     try:
-        with L.Model(cfg.target, vocab_only=True) as vm:
+        with llama.Model(cfg.target, vocab_only=True) as vm:
             file_type = vm.meta("general.file_type")
     except Exception:  # pragma: no cover
         pass
@@ -411,7 +411,7 @@ def _reference_name(cfg: BenchConfig) -> str:
     return ""  # pragma: no cover
 
 
-def _check_outputs(cfg: BenchConfig, results: list[RunResult], prompts: list[BenchPrompt], model: L.Model,
+def _check_outputs(cfg: BenchConfig, results: list[RunResult], prompts: list[BenchPrompt], model: llama.Model,
                    threads: int) -> tuple[list[dict], int, list[dict]]:
     """Compare every greedy output with the reference (plain, repeat 0): first divergence per
     (engine, mode, prompt), classified as a near-tie or not; and drafted/accepted parity between

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .. import _llama as L
+from .. import _llama as llama
 from ..params import SpecParams
 from .modes import Mode
 from .native import (SERVER, SPEC_SIMPLE, NativeSettings, Server, common_args, draft_device_args, find_tool,
@@ -63,7 +63,7 @@ def _lcp_placement(s: RunSettings) -> dict:
     return out
 
 
-def prepare_prompts(model: L.Model, prompts) -> list[BenchPrompt]:
+def prepare_prompts(model: llama.Model, prompts) -> list[BenchPrompt]:
     out = []
     for p in prompts:
         toks = model.vocab.tokenize(p.text, add_special=True, parse_special=True)
@@ -103,7 +103,7 @@ class Runner:
 class LlamaspecRunner(Runner):
     name = "llamaspec"
 
-    def __init__(self, target: L.Model, draft: L.Model | None, settings: RunSettings):
+    def __init__(self, target: llama.Model, draft: llama.Model | None, settings: RunSettings):
         self.model, self.model_dft, self.s = target, draft, settings
         self.engines: dict[str, object] = {}
 
@@ -127,7 +127,7 @@ class LlamaspecRunner(Runner):
     def run(self, mode: Mode, prompt: BenchPrompt, n_predict: int, repeat: int) -> RunResult:
         self.prepare(mode)
         eng = self.engines[mode.name]
-        r = eng.generate(list(prompt.tokens), n_predict=n_predict, sampling=L.SamplingParams(temp=0.0, seed=self.s.seed))
+        r = eng.generate(list(prompt.tokens), n_predict=n_predict, sampling=llama.SamplingParams(temp=0.0, seed=self.s.seed))
         st = r.stats
         spec = not mode.is_plain
         return self._result(
