@@ -33,15 +33,13 @@ from . import _llama as llama
 from .chain import Chain
 from .contexts import build_parts
 from .drafters.base import Drafter
-from .errors import ContextOverflowError, EngineClosedError, LlamaSpecError, UsageError
+from .errors import EngineClosedError, LlamaSpecError, UsageError
 from .memory import DraftRollback, TargetRollback
 from .params import SpecParams
 from .request import Request, RequestState
 from .round import SpeculativeRound
-from .sampler import TargetSampler
+from .scheduler import Scheduler
 from .slot import Chunk, FinishReason, GenerationResult, GenerationStats, Slot, SlotState
-from .text import TextStream
-from .verify.verifiers import verifier_for
 
 __all__ = ["Engine", "Chunk", "FinishReason", "GenerationResult", "GenerationStats", "Request", "RequestState", "Slot",
            "SlotState"]
@@ -52,7 +50,7 @@ DEFAULT_N_CTX = 4096
 VERIFY_MODES = ("match", "rejection")
 
 
-class Engine(SpeculativeRound):
+class Engine(Scheduler, SpeculativeRound):
     """Owns the target (and optional draft) model and context, the chain, and N slots.
 
     >>> # doctest: +SKIP
@@ -83,6 +81,7 @@ class Engine(SpeculativeRound):
         main_gpu: int | None = None,
         split_mode: str | None = None,
         tensor_split: "Sequence[float] | None" = None,
+        cache_prompt: bool = False,
     ):
         """``drafters``: your own :class:`~llamaspec.drafters.base.Drafter` objects, in priority order, used
         instead of the chain that ``spec`` describes (their ``n_seq`` must equal ``n_parallel``).
@@ -101,6 +100,9 @@ class Engine(SpeculativeRound):
         The offload settings apply to models this engine loads from a path: a ``target`` or ``draft`` passed
         as an already loaded :class:`~llamaspec._llama.Model` keeps its own placement (load it with
         ``Model(path, n_gpu_layers=...)``). Bad values raise :class:`UsageError` before anything is loaded.
+
+        ``cache_prompt``: a finished request's tokens stay in its slot's memory, and the next request with
+        a common prefix decodes only the rest (llama-server's prompt cache; see :mod:`llamaspec.scheduler`).
         """
         if n_parallel < 1:
             raise UsageError(f"n_parallel must be >= 1, got {n_parallel}")
@@ -146,6 +148,12 @@ class Engine(SpeculativeRound):
         self._next_id = 0
         #: requests that had to wait for a free slot
         self.n_deferred = 0
+        #: keep a finished request's tokens in its slot for the next request's common prefix
+        self.cache_prompt = cache_prompt
+        self.totals = GenerationStats()
+        self.n_requests_done = 0
+        self._thread: threading.Thread | None = None
+        self._stop_thread = False
 
     @property
     def _keep_draft_kv(self) -> bool:
@@ -157,6 +165,8 @@ class Engine(SpeculativeRound):
     def close(self) -> None:
         """Free every native object. Requests still queued or running finish with ``abort``; any later call
         raises :class:`EngineClosedError`."""
+        if getattr(self, "_thread", None) is not None:
+            self.stop()
         lock = getattr(self, "_step_lock", None)
         if lock is not None:
             lock.acquire()
@@ -209,130 +219,6 @@ class Engine(SpeculativeRound):
         self._check_open()
         return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
-    def submit(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        n_predict: int = -1,
-        sampling: llama.SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        parse_special: bool = False,
-    ) -> Request:
-        """Queue a request (any thread); it takes the first free slot, at once when one is free and no
-        other thread is stepping, else at the next :meth:`step`. ``n_predict=0`` decodes the prompt only."""
-        self._check_open()
-        tokens = self.tokenize(prompt, parse_special=parse_special) if isinstance(prompt, str) else list(prompt)
-        if not tokens:
-            raise UsageError("the prompt is empty (and the model adds no BOS token): give at least one token")
-        bad = [t for t in tokens if not 0 <= t < self.vocab.n_tokens]
-        if bad:
-            raise UsageError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab.n_tokens - 1})")
-        if len(tokens) >= self.n_ctx_seq:
-            raise ContextOverflowError(
-                f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx_seq} per sequence; "
-                f"shorten the prompt or raise --ctx-size (this model was trained for {self.model.n_ctx_train})"
-            )
-        if n_predict < -1:
-            raise UsageError(f"n_predict must be >= -1 (-1 = until end of generation or context), got {n_predict}")
-        sampling = sampling or llama.SamplingParams(temp=0.0)
-        sampler = TargetSampler(self.vocab, sampling)
-        with self._admin:
-            self._next_id += 1
-            req = Request(self, self._next_id, tokens, n_predict=n_predict, sampling=sampling, sampler=sampler,
-                          stop=stop)
-            self._queued.append(req)
-            if len(self._queued) > sum(s.state in (SlotState.IDLE, SlotState.DONE) for s in self.slots):
-                self.n_deferred += 1  # it waits for a slot
-        if self._step_lock.acquire(blocking=False):
-            try:
-                if not self._closed:
-                    self._admit()
-            finally:
-                self._step_lock.release()
-        return req
-
-    def _admit(self) -> None:
-        """Queued requests take free slots, in submission order (under the step lock)."""
-        while True:
-            slot = next((s for s in self.slots if s.state in (SlotState.IDLE, SlotState.DONE)), None)
-            with self._admin:
-                if slot is None or not self._queued:
-                    return
-                req = self._queued.popleft()
-            if req._cancel:
-                req._close_sampler()
-                req._finish(FinishReason.ABORT)
-                continue
-            self._release(slot)
-            slot.reset()
-            slot.request, req.slot = req, slot
-            slot.sampler, req._sampler = req._sampler, None
-            slot.sampling = req.sampling
-            slot.prompt = list(req.prompt_tokens)
-            slot.n_prompt = len(slot.prompt)
-            slot.n_predict = req.n_predict
-            slot.stream = TextStream(req.stop)
-            slot.state = SlotState.PROMPT
-            slot.stats.n_prompt = slot.n_prompt
-            slot.verifier = verifier_for(self.verify, slot, self.ctx, self.vocab.is_eog, self.synth_cond)
-            if self.chain is not None:
-                self.chain.configure_sampling(slot.seq_id, slot.verifier.draft_temp, slot.sampling.seed)
-            req.state = RequestState.PROMPT
-
-    def cancel(self, request: "Request | Slot") -> None:
-        """Abandon a request (any thread): its memory is freed and its slot becomes reusable."""
-        req = request.request if isinstance(request, Slot) else request
-        if req is not None:
-            req.cancel()
-
-    def _cancel_soon(self, req: Request) -> None:
-        with self._admin:
-            self._cancels.append(req)
-        if self._step_lock.acquire(blocking=False):
-            try:
-                if not self._closed:
-                    self._apply_cancels()
-            finally:
-                self._step_lock.release()
-                self._notify()
-
-    def _apply_cancels(self) -> None:
-        with self._admin:
-            cancels, self._cancels = self._cancels, []
-            for req in cancels:
-                if req in self._queued:
-                    self._queued.remove(req)
-                    req._close_sampler()
-                    req._finish(FinishReason.ABORT)
-        for req in cancels:
-            slot = req.slot
-            if req.done or slot is None or slot.request is not req:
-                continue
-            slot.finish_reason = FinishReason.ABORT
-            slot.state = SlotState.DONE
-            if self.chain is not None:
-                self.chain.reset(slot.seq_id)
-            self._release(slot)
-            req._finish(FinishReason.ABORT)
-
-    def _release(self, slot: Slot) -> None:
-        self.rollback_tgt.release(slot.seq_id)
-        self.rollback_dft.release(slot.seq_id)
-        slot.prompt = []
-        slot.spec_ckpt.drop_sampler()
-        if slot.sampler is not None:
-            slot.sampler.close()
-            slot.sampler = None
-
-    @property
-    def active(self) -> list[Slot]:
-        return [s for s in self.slots if s.state in (SlotState.PROMPT, SlotState.GENERATING)]
-
-    @property
-    def n_queued(self) -> int:
-        """Requests waiting for a free slot."""
-        return len(self._queued)
-
     # ------------------------------------------------------------------------------------------
     # one round
     # ------------------------------------------------------------------------------------------
@@ -354,14 +240,10 @@ class Engine(SpeculativeRound):
         self._admit()
         out: list[Chunk] = []
         try:
-            for slot in [s for s in self.slots if s.state is SlotState.PROMPT]:
-                try:
-                    out.append(self._process_prompt(slot))
-                except Exception as e:  # noqa: BLE001 - confined to this slot
-                    out.append(self._fail(slot, e))
             gen = [s for s in self.slots if s.state is SlotState.GENERATING and s.sampled is not None]
-            if gen:
-                self._round(gen, out)
+            prompts = [s for s in self.slots if s.state is SlotState.PROMPT]
+            if gen or prompts:
+                self._round(gen, prompts, out)
         except BaseException:
             self._recover()
             self._deliver(out)
@@ -376,6 +258,7 @@ class Engine(SpeculativeRound):
                 continue
             req._deliver(ch)
             if ch.finished:
+                self._record(req, ch.slot.stats)
                 req._finish(ch.slot.finish_reason or FinishReason.STOP, ch.slot.error)
 
     def _notify(self) -> None:

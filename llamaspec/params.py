@@ -121,6 +121,41 @@ class NgramCacheParams:
 NGRAM_CACHE_N_DRAFT = 8
 
 
+VERIFY_MODES = ("match", "rejection")
+
+
+@dataclass
+class RequestSpec:
+    """Per-request speculative settings (llama-server compiles them out; llamaspec honours them). ``None``
+    keeps the engine's value. They may only lower what the engine was built for: ``n_max`` above the
+    engine's maximum (which sized the contexts) is refused; ``n_max=0`` turns drafting off for the request.
+
+    >>> RequestSpec(n_max=2, verify="rejection").validate(n_max_engine=8)
+    >>> RequestSpec(n_max=9).validate(n_max_engine=8)
+    Traceback (most recent call last):
+    ...
+    llamaspec.errors.UsageError: speculative.n_max = 9 is above the server's maximum 8 (it sized the contexts); use 0..8
+    """
+
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+    verify: str | None = None
+
+    def validate(self, n_max_engine: int) -> None:
+        if self.n_max is not None and not 0 <= self.n_max <= n_max_engine:
+            if self.n_max < 0:
+                raise UsageError(f"speculative.n_max must be >= 0 (0 = no drafting), got {self.n_max}")
+            raise UsageError(f"speculative.n_max = {self.n_max} is above the server's maximum {n_max_engine} "
+                             f"(it sized the contexts); use 0..{n_max_engine}")
+        if self.n_min is not None and self.n_min < 0:
+            raise UsageError(f"speculative.n_min must be >= 0, got {self.n_min}")
+        if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
+            raise UsageError(f"speculative.p_min must be in [0, 1], got {self.p_min}")
+        if self.verify is not None and self.verify not in VERIFY_MODES:
+            raise UsageError(f"speculative.verify must be one of {', '.join(VERIFY_MODES)}, got {self.verify!r}")
+
+
 @dataclass
 class SpecParams:
     types: list[str] = field(default_factory=lambda: ["none"])

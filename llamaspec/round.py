@@ -18,6 +18,7 @@ from typing import Iterator
 
 from . import _llama as llama
 from .errors import LlamaSpecError, MemoryOpError
+from .probe import Level
 from .request import RequestState
 from .slot import Chunk, FinishReason, Slot, SlotState
 
@@ -31,17 +32,9 @@ class SpeculativeRound:
         if self.chain is not None and not self.chain.process(rows):
             raise LlamaSpecError("a drafter failed to process the target batch (see the log)")
 
-    def _process_prompt(self, slot: Slot) -> Chunk:
-        slot._t0 = time.perf_counter()
-        toks = slot.prompt
-        n_batch = self.ctx.n_batch
-        start = 0
-        for chunk in llama.chunks(toks, n_batch):
-            last = start + len(chunk) == len(toks)
-            self._decode([llama.Row(t, start + j, slot.seq_id, last and j == len(chunk) - 1)
-                          for j, t in enumerate(chunk)])
-            slot.stats.n_target_decodes += 1
-            start += len(chunk)
+    def _prompt_done(self, slot: Slot) -> Chunk:
+        """§7.1: the prompt is in memory: ``chain.begin``, the sampler sees the prompt (llama-server's
+        ``init_sampler``), the first token is sampled from the prompt's last row."""
         if self.chain is not None:
             self.chain.begin(slot.seq_id, slot.prompt)
         t1 = time.perf_counter()
@@ -50,13 +43,14 @@ class SpeculativeRound:
         slot.state = SlotState.GENERATING
         if slot.request is not None:
             slot.request.state = RequestState.GENERATING
+        row = slot.spec_i_batch[0]
+        slot.spec_i_batch = []
         if slot.n_predict == 0:  # prompt only: nothing is sampled
             log.info("slot %d: n_predict = 0, the prompt was processed and nothing generated", slot.id)
             slot.finish_reason = FinishReason.LENGTH
             return self._emit(slot, [], 0)
-        slot.sampler.accept_prompt(toks)  # llama-server's init_sampler: penalties see the prompt
-        token = slot.sampler.sample(self.ctx, (len(toks) - 1) % n_batch)
-        return self._emit(slot, [token], 0)
+        slot.sampler.accept_prompt(slot.prompt)
+        return self._emit(slot, [slot.sampler.sample(self.ctx, row)], 0)
 
     # -- the speculative round (spec §7.2-§7.5) ----------------------------------------------------
     def _n_draft_max(self, s: Slot) -> int:
@@ -67,24 +61,47 @@ class SpeculativeRound:
             n = min(n, s.n_remaining - 1)
         return min(n, self._n_rows_max_per_seq - 1)
 
-    def _round(self, gen: list[Slot], out: list[Chunk]) -> None:
-        if self.chain is not None:
+    def _round(self, gen: list[Slot], prompts: list[Slot], out: list[Chunk]) -> None:
+        """One round: draft for the generating slots, lay out their rows, fill the rest of the batch with
+        prompt chunks (continuous batching), decode, then verify / finish prompts slot by slot."""
+        if self.chain is not None and gen:
             for s in self._draft(gen, out):
                 try:
                     self._after_draft(s)
                 except Exception as e:  # noqa: BLE001 - confined to this slot
                     out.append(self._fail(s, e))
         live = [s for s in gen if s.state is SlotState.GENERATING]
-        for group in self._batches(live):
+        groups = self._batches(live)
+        self._plan_prompts(groups, prompts)
+        for group in groups:
             for decoded in self._decode_group(group, out):
                 for s in decoded:
                     s.stats.n_target_decodes += 1
                     try:
-                        ch = self._verify(s)
+                        if s.state is SlotState.PROMPT:
+                            s.n_prompt_done += s.n_prompt_chunk
+                            ch = self._prompt_done(s) if s.n_prompt_done == len(s.prompt) else None
+                        else:
+                            ch = self._verify(s)
                     except Exception as e:  # noqa: BLE001 - confined to this slot
                         ch = self._fail(s, e)
                     if ch is not None:
                         out.append(ch)
+
+    def _plan_prompts(self, groups: list[list[Slot]], prompts: list[Slot]) -> None:
+        """§7.4 continuous batching: prompt tokens fill what the generating slots left of ``n_batch`` in the
+        last decode, so a long prompt is spread over rounds instead of stalling the others. With no room left
+        (or no generating slot), prompts get a decode of their own."""
+        n_batch = self.ctx.n_batch
+        room = n_batch - sum(1 + len(s.spec_draft) for s in groups[-1]) if groups else 0
+        for s in prompts:
+            left = len(s.prompt) - s.n_prompt_done
+            if room <= 0:
+                groups.append([])
+                room = n_batch
+            s.n_prompt_chunk = min(left, room)
+            groups[-1].append(s)
+            room -= s.n_prompt_chunk
 
     def _draft(self, gen: list[Slot], out: list[Chunk]) -> list[Slot]:
         """§7.2 drafting phase: one ``chain.draft()`` for every slot that may draft; replay rounds skip it.
@@ -99,6 +116,9 @@ class SpeculativeRound:
                     self.rollback_tgt.check_replay(s)
                     continue
                 n_max = self._n_draft_max(s)
+                req = s.spec_req
+                if req is not None and req.n_max is not None:
+                    n_max = min(n_max, req.n_max)  # per-request settings only lower the engine's
                 if n_max <= 0:
                     continue
                 self.rollback_tgt.mark(s)
@@ -108,6 +128,8 @@ class SpeculativeRound:
                 continue
             dp.drafting, dp.n_max, dp.pos0, dp.id_last = True, n_max, s.n_past, s.sampled
             dp.prompt, dp.result, dp.probs = tuple(s.prompt), [], None
+            dp.n_min = req.n_min if req is not None else None
+            dp.p_min = req.p_min if req is not None else None
             requested.append(s)
         if not requested:
             return requested
@@ -124,7 +146,7 @@ class SpeculativeRound:
         for s, dp in params:
             chain.reset(s.seq_id)
         for s, dp in params:
-            dp.drafting, dp.n_max, dp.pos0, dp.id_last = True, self._n_draft_max(s), s.n_past, s.sampled
+            dp.drafting, dp.pos0, dp.id_last = True, s.n_past, s.sampled  # n_max, n_min, p_min as set above
             dp.prompt, dp.result, dp.probs = tuple(s.prompt), [], None
             try:
                 if not self.rollback_dft.recover(s):  # drop what the failed batch decoded
@@ -168,9 +190,17 @@ class SpeculativeRound:
         return [g for g in groups if g]
 
     def _rows(self, group: list[Slot]) -> list[llama.Row]:
-        """``[sampled] + draft`` of every slot, all with outputs; remembers each slot's row indices."""
+        """``[sampled] + draft`` of every generating slot, all with outputs, and this round's chunk of every
+        prompt (an output on its last token when the prompt completes); remembers each slot's row indices."""
         rows: list[llama.Row] = []
         for s in group:
+            if s.state is SlotState.PROMPT:
+                p0, n = s.n_prompt_done, s.n_prompt_chunk
+                last = p0 + n == len(s.prompt)
+                s.spec_i_batch = [len(rows) + n - 1] if last else []
+                rows.extend(llama.Row(t, p0 + j, s.seq_id, last and j == n - 1)
+                            for j, t in enumerate(s.prompt[p0 : p0 + n]))
+                continue
             p0 = s.n_past
             s.spec_i_batch = list(range(len(rows), len(rows) + 1 + len(s.spec_draft)))
             rows.append(llama.Row(s.sampled, p0, s.seq_id, True))
@@ -193,7 +223,7 @@ class SpeculativeRound:
             return
         for s in group:
             try:
-                if not (self.rollback_tgt.recover(s) and self.rollback_dft.recover(s)):
+                if not self._recover_slot(s):
                     raise MemoryOpError(f"slot {s.id}: memory could not be restored after a failed decode")
                 for d in (self.chain.impls if self.chain else ()):
                     d.reset(s.seq_id)
@@ -282,5 +312,21 @@ class SpeculativeRound:
             text += slot.stream.flush()
             slot.state = SlotState.DONE
             slot.prompt_tokens = slot.prompt[: slot.n_prompt]
-            self._release(slot)
+            self._retire(slot)
         return Chunk(slot, emitted, text, finished, min(n_from_draft, len(emitted)), slot.request)
+
+    def _recover_slot(self, s: Slot) -> bool:
+        """Put one slot's memory back to what it holds for sure: its committed tokens (generating), or the
+        prompt tokens decoded before this round (a prompt: only a trimmable memory can drop a chunk)."""
+        if s.state is not SlotState.PROMPT:
+            return self.rollback_tgt.recover(s) and self.rollback_dft.recover(s)
+        done = s.n_prompt_done
+        for rb in (self.rollback_tgt, self.rollback_dft):
+            if rb.ctx is None:
+                continue
+            memory = rb.ctx.memory
+            if memory.pos_max(s.seq_id) >= done and (rb.level is not Level.PART or not memory.seq_rm(s.seq_id, done, -1)):
+                return False
+            if memory.pos_max(s.seq_id) != done - 1:
+                return False
+        return True

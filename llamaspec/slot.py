@@ -37,6 +37,8 @@ class FinishReason(str, enum.Enum):
 @dataclass
 class GenerationStats:
     n_prompt: int = 0
+    #: prompt tokens reused from the slot's prompt cache (not decoded again)
+    n_cached: int = 0
     n_predicted: int = 0
     t_prompt_s: float = 0.0
     t_decode_s: float = 0.0
@@ -78,7 +80,7 @@ class GenerationStats:
         )
 
     def merge(self, other: "GenerationStats") -> None:
-        for k in ("n_prompt", "n_predicted", "t_prompt_s", "t_decode_s", "n_target_decodes", "n_drafted", "n_accepted",
+        for k in ("n_prompt", "n_cached", "n_predicted", "t_prompt_s", "t_decode_s", "n_target_decodes", "n_drafted", "n_accepted",
                   "n_verif_steps", "n_replays", "n_restores", "n_checkpoints", "n_trims"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
         per = self.n_accepted_per_pos
@@ -90,6 +92,7 @@ class GenerationStats:
     def to_dict(self) -> dict:
         return {
             "n_prompt": self.n_prompt,
+            "n_cached": self.n_cached,
             "n_predicted": self.n_predicted,
             "t_prompt_ms": round(self.t_prompt_s * 1e3, 3),
             "t_decode_ms": round(self.t_decode_s * 1e3, 3),
@@ -146,11 +149,18 @@ class Slot:
         self.id = slot_id
         self.state = SlotState.IDLE
         self.sampler: "TargetSampler | None" = None
+        #: tokens left in memory by the last finished request (the prompt cache), and when it finished
+        self.cached: list[int] = []
+        self.t_last = 0.0
         self.reset()
 
     def reset(self) -> None:
         self.prompt: list[int] = []  # tokens in the target memory, in order (prompt + committed output)
         self.n_prompt = 0
+        self.n_prompt_done = 0  # prompt tokens in memory (cached or decoded so far)
+        self.n_prompt_chunk = 0  # prompt tokens decoded in this round's batch
+        #: per-request speculative settings (None = the engine's)
+        self.spec_req = None
         self.prompt_tokens: list[int] = []  # the prompt, kept after the slot's memory is released
         self.sampled: int | None = None  # last token sampled by the target, not yet decoded
         self.generated: list[int] = []

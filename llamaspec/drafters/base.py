@@ -29,6 +29,9 @@ class DraftParams:
     prompt: Sequence[int] = field(default_factory=list)
     result: list[int] = field(default_factory=list)
     probs: "list[np.ndarray | tuple[np.ndarray, np.ndarray]] | None" = None
+    #: per-request overrides of the drafter's own ``n_min`` / ``p_min`` (None = the drafter's setting)
+    n_min: int | None = None
+    p_min: float | None = None
 
 
 class Drafter:

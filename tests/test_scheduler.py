@@ -1,0 +1,126 @@
+"""Continuous batching, the prompt cache, slot choice, per-request speculative settings, the engine thread."""
+from __future__ import annotations
+
+import pytest
+
+from llamaspec import _llama as L
+from llamaspec.engine import Engine, FinishReason, RequestState
+from llamaspec.errors import UsageError
+from llamaspec.params import RequestSpec, SpecParams
+from llamaspec.scheduler import common_prefix
+
+from helpers import EXACT
+
+PROMPTS = [[1, 5, 9, 13, 22, 7], [3, 4, 5], [9, 9, 9, 1], [40, 2, 17, 33, 8]]
+
+
+def spec(n_max: int = 4) -> SpecParams:
+    p = SpecParams()
+    p.draft.n_max = n_max
+    return p
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_model):
+    cache: dict = {}
+
+    def get(kind: str, prompt: tuple, n: int = 16) -> list[int]:
+        if (kind, prompt, n) not in cache:
+            with Engine(tiny_model(kind), n_ctx=512, **EXACT) as e:
+                cache[kind, prompt, n] = e.generate(list(prompt), n_predict=n).tokens
+        return cache[kind, prompt, n]
+
+    return get
+
+
+def test_long_prompt_does_not_stall_generating_slots(tiny_model, alone):
+    """A 200-token prompt with n_batch 16 is spread over rounds; the generating slot emits in every one."""
+    long_prompt = [(i * 7) % 64 for i in range(200)]
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(3), n_ctx=1024, n_parallel=2,
+                n_batch=16, **EXACT) as e:
+        a = e.submit(PROMPTS[0], n_predict=40)
+        e.step()  # a's prompt
+        b = e.submit(long_prompt, n_predict=8)
+        rounds_while_b_prompt = 0
+        while b.state in (RequestState.QUEUED, RequestState.PROMPT):
+            before = len(a.tokens)
+            e.step()
+            if not a.done:
+                assert len(a.tokens) > before  # a emitted in this round too
+                rounds_while_b_prompt += 1
+        assert rounds_while_b_prompt >= 10  # b's prompt really took many rounds (200 tokens, < 16 per round)
+        ra, rb = a.result(), b.result()
+    assert ra.tokens == alone("llama", tuple(PROMPTS[0]), 40)
+    assert rb.tokens == alone("llama", tuple(long_prompt), 8)
+
+
+@pytest.mark.parametrize("kind,draft", [("llama", "llama-draft"), ("mamba", "mamba-draft")])
+def test_prompt_cache_reuses_the_common_prefix(tiny_model, alone, kind, draft):
+    first = PROMPTS[0] + [11, 12]
+    with Engine(tiny_model(kind), draft=tiny_model(draft), spec=spec(3), n_ctx=512, cache_prompt=True, **EXACT) as e:
+        r1 = e.generate(first, n_predict=8)
+        assert e.ctx.memory.pos_max(0) == len(first) + 8 - 2  # kept: prompt + generated (last one not decoded)
+        # multi-turn: the next prompt extends everything the slot holds -> works on every memory level
+        follow = first + r1.tokens[:-1] + [r1.tokens[-1], 30, 31]
+        r2 = e.generate(follow, n_predict=8)
+        assert r2.stats.n_cached == len(first) + 7
+        # a prompt that only shares a prefix: trimmed on PART, started afresh on FULL
+        other = first[:4] + [50, 51, 52]
+        r3 = e.generate(other, n_predict=8)
+        assert r3.stats.n_cached == (4 if kind == "llama" else 0)
+        info = e.slots_info()
+        assert info[0]["n_cached"] == len(other) + 7 and not info[0]["is_processing"]
+    assert r2.tokens == alone(kind, tuple(follow), 8)
+    assert r3.tokens == alone(kind, tuple(other), 8)
+
+
+def test_slot_choice_by_prefix_and_id_slot(tiny_model):
+    with Engine(tiny_model("llama"), n_ctx=512, n_parallel=2, cache_prompt=True, **EXACT) as e:
+        a = e.submit(PROMPTS[0], n_predict=4)
+        b = e.submit(PROMPTS[3], n_predict=4)
+        a.result(), b.result()
+        assert (a.seq_id, b.seq_id) == (0, 1)
+        c = e.submit(PROMPTS[3] + [5, 6], n_predict=4)  # shares its prefix with slot 1's cache
+        c.result()
+        assert c.slot.id == 1 and c.stats.n_cached == len(PROMPTS[3])
+        d = e.submit(PROMPTS[3], n_predict=4, id_slot=0, cache_prompt=False)
+        d.result()
+        assert d.slot.id == 0 and d.stats.n_cached == 0
+        with pytest.raises(UsageError, match="id_slot"):
+            e.submit(PROMPTS[0], id_slot=2)
+
+
+def test_per_request_speculative_settings(tiny_model, alone):
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(6), n_ctx=512, **EXACT) as e:
+        off = e.generate(PROMPTS[0], n_predict=16, speculative=RequestSpec(n_max=0))
+        two = e.generate(PROMPTS[0], n_predict=16, speculative=RequestSpec(n_max=2))
+        full = e.generate(PROMPTS[0], n_predict=16)
+        rej = e.generate(PROMPTS[0], n_predict=16, sampling=L.SamplingParams(temp=0.8, seed=1),
+                         speculative=RequestSpec(verify="rejection"))
+        with pytest.raises(UsageError, match="above the server's maximum 6"):
+            e.submit(PROMPTS[0], speculative=RequestSpec(n_max=7))
+    truth = alone("llama", tuple(PROMPTS[0]), 16)
+    assert off.tokens == two.tokens == full.tokens == truth
+    assert off.stats.n_drafted == 0 and two.stats.n_drafted > 0
+    assert two.stats.n_drafted <= 2 * two.stats.n_verif_steps  # no draft longer than 2
+    assert full.stats.n_drafted > 2 * full.stats.n_verif_steps  # the engine's own drafts are longer
+    assert rej.stats.n_drafted > 0 and rej.finish_reason is FinishReason.LENGTH
+
+
+def test_engine_thread_metrics_and_slots(tiny_model, alone):
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(3), n_ctx=512, n_parallel=2,
+                **EXACT) as e:
+        e.start()
+        reqs = [e.submit(PROMPTS[i % 4], n_predict=12) for i in range(6)]
+        res = [r.result(timeout=60) for r in reqs]
+        m = e.metrics()
+        e.stop()
+        assert len(e.slots_info()) == 2
+    assert [r.tokens for r in res] == [alone("llama", tuple(PROMPTS[i % 4]), 12) for i in range(6)]
+    assert m["requests_total"] == 6 and m["tokens_predicted_total"] == 72
+    assert m["spec_decode_num_draft_tokens_total"] == sum(r.stats.n_drafted for r in res) > 0
+    assert m["requests_processing"] == 0 and m["requests_deferred"] == 0 and m["requests_deferred_total"] >= 4
+
+
+def test_common_prefix():
+    assert common_prefix([], [1]) == 0 and common_prefix([1, 2], [1, 2, 3]) == 2
