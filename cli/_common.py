@@ -20,6 +20,7 @@ err_console = Console(stderr=True, highlight=False)
 
 class CliState:
     debug = False
+    verbose = 0  # the group's -v count (generate shows its full statistics with it)
 
 
 def setup_logging(verbose: int, debug: bool) -> None:

@@ -82,15 +82,22 @@ def _read_prompts_file(path: str) -> list[str]:
 @click.option("--cache-dir", default=None, help="Model cache directory (default: $LLAMASPEC_CACHE or ~/.cache/llamaspec).")
 @click.option("--stats-json", type=click.Path(dir_okay=False, writable=True), help="Write generation statistics as JSON to this file.")
 @click.option("--color/--no-color", "color", default=None, help="Colour drafted-and-accepted tokens (default: when stdout is a terminal).")
-@click.option("-q", "--quiet", is_flag=True, help="No statistics on stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="Nothing on stderr after the text (no summary line).")
+@click.option("-v", "--stats", "show_stats", is_flag=True,
+              help="The full statistics: the speculative-decoding table and llama.cpp's per-drafter lines.")
+@click.option("--baseline", is_flag=True,
+              help="Also run plain decoding of the same prompt(s) and report the measured speedup (doubles the time).")
 @handle_errors
 def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size, batch_size, n_parallel, temp, top_k,
              top_p, min_p, repeat_penalty, repeat_last_n, seed, grammar_file, stop, chat, system_prompt, cache_dir,
-             stats_json, color, quiet, **spec_kw):
+             stats_json, color, quiet, show_stats, baseline, **spec_kw):
     """Generate text from PROMPT (argument, --file or stdin). Only the generated text goes to stdout.
 
-    With --draft-model (-md) or --spec-type, generation is speculative: a drafter proposes tokens and the
-    target verifies them in one batch. Greedy output is the same as without speculation.
+    With no -m / -md / --pair / --spec-type, the default pair of models.toml is used (fetched on first
+    use), so generation is speculative: the draft model proposes tokens and the target verifies them in one
+    batch. -m alone is plain generation with that model. Greedy output is the same as without speculation.
+    After the text, one summary line on stderr (tokens/s, acceptance, speedup over plain); -v/--stats for
+    the full statistics, -q for none.
     """
     from llamaspec import _llama as L
     from llamaspec.chat import apply_chat_template
@@ -115,6 +122,11 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
         repeat_last_n=repeat_last_n, seed=L.DEFAULT_SEED if seed == -1 else seed, grammar=grammar,
     )
     sampling.validate()
+    if pair is None and not model and not spec_kw.get("draft_model") and not spec_kw.get("spec_type") \
+            and not spec_kw.get("spec_default"):
+        from llamaspec.models import load_registry
+
+        pair = load_registry().default_pair or None  # the first command speculates; -m alone is plain
     if pair is not None:
         if model or spec_kw.get("draft_model"):
             raise UsageError("--pair names both models: drop -m / -md, or drop --pair")
@@ -136,10 +148,12 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
             return eng.tokenize(text)
 
         token_lists = [encode(p) for p in prompts]
+        written = [""]  # the last text written to stdout (does it end the line?)
 
         def write(ch) -> None:
             if not ch.text:
                 return
+            written[0] = ch.text
             if use_color and ch.n_from_draft:
                 # the text of the accepted drafted tokens, then the target's own token, uncoloured
                 own = eng.vocab.token_to_piece(ch.tokens[-1]).decode("utf-8", "replace") if ch.tokens else ""
@@ -157,19 +171,40 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
                 if i:
                     out.write("\n\n")
                 out.write(r.text)
+                written[0] = r.text or written[0]
             out.flush()
-        if results[-1].text and not results[-1].text.endswith("\n") and out.isatty():
+        open_line = bool(written[0]) and not written[0].endswith("\n")
+        if open_line and out.isatty():
             out.write("\n")
         out.flush()
+        if open_line and not out.isatty() and not quiet and _shares_a_screen_or_file(out, sys.stderr):
+            sys.stderr.write("\n")  # `> run.log 2>&1`: the summary starts on its own line; stdout stays the text
+            sys.stderr.flush()
         stats = _collect_stats(eng, path, dpath, results)
+        if not quiet or stats_json:
+            base = _plain_baseline(eng, results, token_lists, stats["decode_tokens_per_second"], measure=baseline,
+                                   n_predict=n_predict, sampling=sampling, stop=stop, ctx_size=ctx_size,
+                                   batch_size=batch_size)
+            if base is not None:
+                stats["baseline"] = base
         if stats_json:
             from llamaspec._io import write_atomic
 
             write_atomic(stats_json, json.dumps(stats, indent=2) + "\n")
         if not quiet:
+            from ._common import CliState
+
             if n_predict == 0:
                 err_console.print(f"[dim]-n 0: the prompt was processed ({stats['n_prompt']} tokens), nothing generated[/]")
-            _print_stats(eng, stats)
+            else:
+                if show_stats or CliState.verbose > 0:  # the full statistics, then the summary line
+                    _print_stats(eng, stats)
+                    b = stats.get("baseline")
+                    if b and b["kind"] == "estimated":
+                        err_console.print(f"[dim]plain estimate: median of {b['n_steps']} plain target decode steps, "
+                                          f"{b['ms_per_token']:.1f} ms each (measured in {b['wall_ms']:.0f} ms)[/]",
+                                          soft_wrap=True)
+                err_console.print(_summary_line(eng, stats), soft_wrap=True)
         failed = [(i, r) for i, r in enumerate(results) if r.error]
         for i, r in failed:
             from rich.markup import escape
@@ -177,6 +212,75 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
             err_console.print(f"[bold red]error:[/] prompt {i + 1} failed: {escape(r.error)}", soft_wrap=True)
         if failed:
             sys.exit(1)
+
+
+def _shares_a_screen_or_file(out, err) -> bool:
+    """Could the end of the text on ``out`` and what ``err`` prints next land on the same line? Yes when
+    both go to one file or pipe (``> run.log 2>&1``), when stdout is a pipe and stderr a terminal
+    (``| cat``), and when it cannot be told."""
+    import os
+    import stat
+
+    try:
+        so, se = os.fstat(out.fileno()), os.fstat(err.fileno())
+    except (AttributeError, OSError, ValueError):
+        return True
+    if (so.st_dev, so.st_ino) == (se.st_dev, se.st_ino):
+        return True
+    return stat.S_ISFIFO(so.st_mode) and err.isatty()
+
+
+def _plain_baseline(eng, results, token_lists, spec_tps, *, measure, n_predict, sampling, stop, ctx_size,
+                    batch_size) -> dict | None:
+    """Plain decoding speed to compare with: measured (--baseline: the same prompts again, without drafting)
+    or estimated (a few plain decode steps of the target, :mod:`llamaspec.estimate`). None when there
+    is nothing to compare (plain run, nothing generated, several slots without --baseline)."""
+    from llamaspec.estimate import measure_plain_step, speedup
+
+    if not eng.chain or not any(r.stats.n_predicted > 1 for r in results):
+        return None
+    cp = eng.ctx.params
+    if measure:
+        from llamaspec.engine import Engine
+
+        with Engine(eng.model, n_ctx=ctx_size, n_batch=batch_size, n_parallel=eng.n_parallel, n_threads=cp.n_threads,
+                    n_threads_batch=cp.n_threads_batch, flash_attn=cp.flash_attn, kv_f32=cp.kv_f32) as plain:
+            if len(token_lists) == 1:
+                res = [plain.generate(token_lists[0], n_predict=n_predict, sampling=sampling, stop=stop)]
+            else:
+                res = plain.generate_many(token_lists, n_predict=n_predict, sampling=sampling, stop=stop)
+            tps = _collect_stats(plain, None, None, res)["decode_tokens_per_second"]
+        s = speedup(spec_tps, tps)
+        return {"kind": "measured", "plain_tokens_per_second": round(tps, 3),
+                "speedup": round(s, 4) if s is not None else None}
+    if len(results) != 1 or eng.n_parallel != 1:
+        return None  # slots decoded together: one plain step is no baseline for a batch
+    r = results[0]
+    cost = measure_plain_step(eng.model, r.prompt_tokens, r.tokens, n_threads=cp.n_threads,
+                              n_threads_batch=cp.n_threads_batch, flash_attn=cp.flash_attn, kv_f32=cp.kv_f32)
+    s = speedup(spec_tps, cost.tokens_per_second)
+    return {"kind": "estimated", "plain_tokens_per_second": round(cost.tokens_per_second, 3),
+            "speedup": round(s, 4) if s is not None else None, "ms_per_token": round(cost.ms_per_token, 3),
+            "n_steps": cost.n_steps, "wall_ms": round(cost.wall_s * 1e3, 1)}
+
+
+def _summary_line(eng, stats: dict) -> str:
+    """The one line after the text: tokens/s, the speedup over plain (estimated or measured), acceptance,
+    mean accepted length."""
+    n = stats["n_predicted"]
+    head = f"generated {n} token{'s' if n != 1 else ''} at [bold]{stats['decode_tokens_per_second']:.1f} tok/s[/]"
+    if not eng.chain:
+        return head + " [dim]· plain decoding (no draft model: -md MODEL or --pair NAME to speculate)[/]"
+    parts = [head]
+    b = stats.get("baseline")
+    if b and b.get("speedup") is not None:
+        parts.append(f"[bold]{b['speedup']:.2f}x[/] vs plain ({b['kind']}: {b['plain_tokens_per_second']:.1f} tok/s)")
+    if stats["n_drafted"]:
+        parts.append(f"acceptance {100 * stats['acceptance_rate']:.1f}%")
+        parts.append(f"mean accepted length {stats['mean_accepted_length']:.2f}")
+    else:
+        parts.append("nothing was drafted")
+    return " · ".join(parts)
 
 
 def _collect_stats(eng, path, dpath, results) -> dict:

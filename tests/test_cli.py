@@ -100,11 +100,16 @@ def test_debug_shows_traceback(tmp_path):
 
 
 @pytest.mark.real
-def test_default_model_generates():
-    real_model("smollm2-135m-q4_1")  # the default in models.toml; fetched on first use
+def test_default_pair_generates():
+    from llamaspec.models import load_registry
+
+    pair = load_registry().pair(load_registry().default_pair)  # the README's first command speculates with it
+    real_model(pair.target), real_model(pair.draft)  # fetched (and derived) on first use
     r = run("generate", "def fibonacci(n):", "-n", "24", "--temp", "0")
     assert r.exit_code == 0, r.output
     assert len(r.stdout.strip()) > 10
+    s = r.stderr.strip().splitlines()[-1]
+    assert s.startswith("generated 24 tokens at") and "vs plain (estimated:" in s and "acceptance" in s
 
 
 @pytest.mark.real
@@ -141,3 +146,128 @@ def test_pair_conflicts_with_model():
 def test_unknown_pair():
     r = run("generate", "x", "--pair", "no-such-pair")
     assert r.exit_code == 2 and "unknown pair" in r.stderr
+
+
+# -------------------------------------------------------------------------------------------------
+# the first run (issue 14): default pair, the summary line, the overview
+# -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_registry(tiny_model, tmp_path, monkeypatch):
+    """models.toml whose default pair is two tiny models (nothing to fetch); no user file merged."""
+    toml = tmp_path / "models.toml"
+    toml.write_text(
+        '[defaults]\nmodel = "tiny-target"\npair = "tiny"\n'
+        f'[models.tiny-target]\npath = "{tiny_model("llama")}"\n'
+        f'[models.tiny-draft]\npath = "{tiny_model("llama-draft")}"\n'
+        '[pairs.tiny]\ntarget = "tiny-target"\ndraft = "tiny-draft"\n'
+    )
+    monkeypatch.setenv("LLAMASPEC_MODELS_TOML", str(toml))
+    monkeypatch.setenv("LLAMASPEC_USER_MODELS_TOML", str(tmp_path / "no-user-models.toml"))
+    return toml
+
+
+def _summary(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert lines, "no summary line on stderr"
+    return lines[-1]
+
+
+def test_no_model_uses_the_default_pair(tiny_registry, tiny_model, tmp_path):
+    stats = tmp_path / "s.json"
+    r = run("generate", "tok_5 tok_9", "-n", "12", "--temp", "0", "--stats-json", str(stats))
+    assert r.exit_code == 0, r.output
+    d = json.loads(stats.read_text())
+    assert d["model"] == str(tiny_model("llama")) and d["draft_model"] == str(tiny_model("llama-draft"))
+    assert d["spec_types"] == ["draft-simple"] and d["n_drafted"] > 0
+    assert d["baseline"]["kind"] == "estimated" and d["baseline"]["plain_tokens_per_second"] > 0
+    # greedy: the same text as plain decoding of the target
+    plain = run("generate", "tok_5 tok_9", "-n", "12", "--temp", "0", "-q", "-m", str(tiny_model("llama")))
+    assert plain.exit_code == 0 and plain.stdout == r.stdout
+
+
+def test_model_alone_is_plain(tiny_registry, tiny_model, tmp_path):
+    stats = tmp_path / "s.json"
+    r = run("generate", "tok_5 tok_9", "-n", "8", "--temp", "0", "-m", "tiny-target", "--stats-json", str(stats))
+    assert r.exit_code == 0, r.output
+    d = json.loads(stats.read_text())
+    assert d["draft_model"] is None and d["spec_types"] == [] and "baseline" not in d
+    assert "plain decoding" in _summary(r.stderr)
+
+
+def test_summary_line_is_one_glanceable_line(tiny_registry):
+    r = run("generate", "tok_5 tok_9", "-n", "12", "--temp", "0")
+    assert r.exit_code == 0, r.output
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr  # the summary only, no table
+    s = _summary(r.stderr)
+    for part in ("generated 12 tokens at", "tok/s", "x vs plain (estimated:", "acceptance", "mean accepted length"):
+        assert part in s, s
+    # stdout and stderr mixed (CliRunner cannot tell them apart): the summary starts its own line
+    assert "\n" + s in r.output and r.stdout and not r.stdout.endswith("\n")
+
+
+def test_summary_on_its_own_line_in_one_file(tiny_registry, tmp_path):
+    import subprocess
+    import sys
+
+    log = tmp_path / "run.log"
+    with log.open("w") as f:
+        p = subprocess.run([sys.executable, "-m", "cli.main", "generate", "tok_5 tok_9", "-n", "12", "--temp", "0"],
+                           stdout=f, stderr=subprocess.STDOUT, timeout=300)
+    assert p.returncode == 0, log.read_text()
+    text, _, last = log.read_text().rstrip("\n").rpartition("\n")
+    assert last.startswith("generated 12 tokens at"), log.read_text()
+    assert text and "generated" not in text
+    # stdout alone (a file of its own) is exactly the text: no newline added
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with out.open("w") as fo, err.open("w") as fe:
+        p = subprocess.run([sys.executable, "-m", "cli.main", "generate", "tok_5 tok_9", "-n", "12", "--temp", "0"],
+                           stdout=fo, stderr=fe, timeout=300)
+    assert p.returncode == 0 and out.read_text() == text
+    assert err.read_text().startswith("generated 12 tokens at")
+
+
+def test_quiet_prints_nothing_but_the_text(tiny_registry):
+    r = run("generate", "tok_5 tok_9", "-n", "8", "--temp", "0", "-q")
+    assert r.exit_code == 0 and r.stdout and r.stderr == ""
+
+
+@pytest.mark.parametrize("flag", [["--stats"], ["-v"], ["GROUP-v"]])
+def test_stats_shows_the_full_table(tiny_registry, flag):
+    args = ["generate", "tok_5 tok_9", "-n", "12", "--temp", "0"]
+    args = ["-v"] + args if flag == ["GROUP-v"] else args + flag
+    r = run(*args)
+    assert r.exit_code == 0, r.output
+    assert "speculative decoding" in r.stderr and "drafted" in r.stderr  # the table
+    assert "statistics     draft-simple" in r.stderr  # llama.cpp's line
+    assert "plain estimate" in r.stderr
+    assert _summary(r.stderr).startswith("generated 12 tokens at")
+
+
+def test_baseline_measures_plain(tiny_registry, tmp_path):
+    stats = tmp_path / "s.json"
+    r = run("generate", "tok_5 tok_9", "-n", "12", "--temp", "0", "--baseline", "--stats-json", str(stats))
+    assert r.exit_code == 0, r.output
+    b = json.loads(stats.read_text())["baseline"]
+    assert b["kind"] == "measured" and b["plain_tokens_per_second"] > 0 and b["speedup"] > 0
+    assert "x vs plain (measured:" in _summary(r.stderr)
+
+
+def test_no_arguments_prints_the_overview(tiny_registry):
+    r = run()
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "Try first" in out and "Usage:" not in out
+    assert 'llamaspec generate "def fibonacci(n):"' in out and "default pair tiny" in out
+    assert "llamaspec probe tiny-target -md tiny-draft" in out
+    assert "serve" in out
+    assert "Usage:" in run("--help").output
+
+
+def test_estimate_arithmetic():
+    import doctest
+
+    import llamaspec.estimate as est
+
+    assert doctest.testmod(est).failed == 0
