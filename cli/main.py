@@ -79,11 +79,13 @@ def _register() -> None:
     from .generate import generate
     from .ngram_cache import ngram_cache
     from .probe import probe
+    from .serve import serve
 
     main.add_command(bench)
     main.add_command(generate)
     main.add_command(probe)
     main.add_command(ngram_cache)
+    main.add_command(serve)
     try:
         from .models import models
     except ImportError:  # pragma: no cover - during development only

@@ -1,0 +1,26 @@
+"""``llamaspec serve``: an OpenAI-compatible HTTP server with llama-server's routes, shapes and codes.
+
+Needs the ``server`` extra (``pip install "llamaspec[server]"``: Starlette, uvicorn, prometheus-client).
+
+* :mod:`.app`: the Starlette app, routes and renderers; :class:`ServerConfig`, :class:`ServerState`
+* :mod:`.parsing`: request bodies -> sampling, length, stop, per-request speculative settings
+* :mod:`.jobs`: engine requests -> asyncio (pump threads), SSE, cancel on client disconnect
+* :mod:`.formats`: ``timings`` (llama-server's fields + the acceptance report), ``usage``
+* :mod:`.metrics`: Prometheus collector with llama-server's names
+* :mod:`.run`: uvicorn on a pre-bound socket, the model loaded in a thread
+"""
+from __future__ import annotations
+
+__all__ = ["ServerConfig", "ServerState", "create_app", "serve"]
+
+
+def __getattr__(name: str):
+    if name in ("ServerConfig", "ServerState", "create_app"):
+        from . import app
+
+        return getattr(app, name)
+    if name == "serve":
+        from .run import serve
+
+        return serve
+    raise AttributeError(name)

@@ -1,0 +1,89 @@
+"""Response shapes: llama-server's ``timings`` (plus llamaspec's acceptance report), OpenAI ``usage``, chunks.
+
+``timings`` carries llama-server's fields (``cache_n``, ``prompt_n``, ``prompt_ms``, ``prompt_per_token_ms``,
+``prompt_per_second``, ``predicted_n``, ``predicted_ms``, ``predicted_per_token_ms``,
+``predicted_per_second``, and ``draft_n`` / ``draft_n_accepted`` when anything was drafted) and, when
+anything was drafted, what llama-server lacks: ``draft_n_verif_steps`` (verification steps),
+``draft_acceptance_rate``, ``draft_mean_accepted_length`` (``1 + accepted / steps``, llama.cpp's "mean
+len") and ``draft_n_accepted_per_pos`` (accepted drafts at each draft position, a histogram).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+from ..slot import FinishReason, GenerationStats
+
+__all__ = ["timings", "usage", "finish_reason", "new_id", "now"]
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def _n_cached(s: GenerationStats) -> int:
+    return int(getattr(s, "n_cached", 0) or 0)
+
+
+def timings(s: GenerationStats) -> dict:
+    """llama-server's ``timings`` object for one request, plus the acceptance report."""
+    cache_n = _n_cached(s)
+    prompt_n = max(0, s.n_prompt - cache_n)
+    prompt_ms = s.t_prompt_s * 1e3
+    predicted_n = s.n_predicted
+    predicted_ms = s.t_decode_s * 1e3
+    out = {
+        "cache_n": cache_n,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+        "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
+    }
+    if s.n_drafted > 0:
+        out.update({
+            "draft_n": s.n_drafted,
+            "draft_n_accepted": s.n_accepted,
+            # beyond llama-server
+            "draft_n_verif_steps": s.n_verif_steps,
+            "draft_acceptance_rate": s.acceptance_rate,
+            "draft_mean_accepted_length": s.mean_accepted_length,
+            "draft_n_accepted_per_pos": list(s.n_accepted_per_pos),
+        })
+        by_type = getattr(s, "n_accepted_by_type", None)  # the drafter behind each accepted run, when known
+        if by_type:
+            out["draft_n_accepted_by_type"] = dict(by_type)
+    return out
+
+
+def merged(stats: list[GenerationStats]) -> GenerationStats:
+    if len(stats) == 1:
+        return stats[0]
+    total = GenerationStats()
+    for s in stats:
+        total.merge(s)
+    return total
+
+
+def usage(stats: list[GenerationStats]) -> dict:
+    """OpenAI ``usage`` over the choices of one response (+ ``prompt_tokens_details.cached_tokens``)."""
+    prompt = sum(s.n_prompt for s in stats)
+    completion = sum(s.n_predicted for s in stats)
+    return {
+        "completion_tokens": completion,
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(_n_cached(s) for s in stats)},
+    }
+
+
+def finish_reason(reason: FinishReason | None) -> str:
+    """OpenAI's ``finish_reason``: ``stop`` or ``length``."""
+    return "length" if reason is FinishReason.LENGTH else "stop"

@@ -1,0 +1,372 @@
+"""Request bodies -> what :meth:`Engine.submit` takes, with llama-server's field names and rules.
+
+* A field sent as ``null`` counts as absent; unknown fields are ignored (as llama-server does).
+* A field of the wrong type or out of range is a 400 ``invalid_request_error`` that names the field.
+* Length: ``n_predict`` (aliases ``max_completion_tokens``, ``max_tokens``), -1 = until end of generation
+  or a full context.
+* Per-request speculative settings: flat keys as llama.cpp spells them (``"speculative.n_max": 2``) or a
+  nested object (``"speculative": {"n_max": 2}``); ``n_max``, ``n_min``, ``p_min``, ``verify``.
+
+>>> b = Body({"max_tokens": 8, "temperature": None, "speculative.n_max": 0, "speculative": {"p_min": 0.5}})
+>>> b.int("n_predict", -1, aliases=("max_completion_tokens", "max_tokens"), lo=-1)
+8
+>>> b.float("temperature", 0.8)
+0.8
+>>> parse_speculative(b)
+RequestSpec(n_max=0, n_min=None, p_min=0.5, verify=None)
+>>> Body({"top_k": "5"}).int("top_k", 40)
+Traceback (most recent call last):
+...
+llamaspec.server.errors.ApiError: Field 'top_k': expected an integer, got "5"
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .. import _llama as llama
+from ..params import RequestSpec
+from .errors import invalid
+
+__all__ = ["Body", "Defaults", "GenParams", "parse_json", "parse_gen_params", "parse_prompts", "parse_messages",
+           "parse_speculative", "JSON_GRAMMAR"]
+
+#: llama.cpp's ``grammars/json.gbnf`` (MIT): ``response_format: {"type": "json_object"}``
+JSON_GRAMMAR = r'''root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+'''
+
+MAX_N_CMPL = 16
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes) -> dict:
+    """The request body as a JSON object, or 400 (NaN / Infinity are not JSON)."""
+    if not raw.strip():
+        raise invalid("the request body is empty: send a JSON object")
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise invalid("the request body is not UTF-8") from None
+    except ValueError as e:
+        raise invalid(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise invalid(f"the request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _show(v: Any) -> str:
+    s = json.dumps(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+class Body:
+    """Typed access to a request's JSON object (``null`` = absent)."""
+
+    def __init__(self, data: dict):
+        self.data = data
+
+    def get(self, name: str, *, aliases: Sequence[str] = ()) -> tuple[str, Any]:
+        """``(field name used, value)`` of the first of ``name, *aliases`` that is present, else ``(name, None)``."""
+        for key in (name, *aliases):
+            v = self.data.get(key)
+            if v is not None:
+                return key, v
+        return name, None
+
+    def has(self, name: str) -> bool:
+        return self.data.get(name) is not None
+
+    def int(self, name: str, default: int | None, *, aliases: Sequence[str] = (), lo: int | None = None,
+            hi: int | None = None) -> int | None:
+        key, v = self.get(name, aliases=aliases)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+            raise invalid(f"Field '{key}': expected an integer, got {_show(v)}")
+        v = int(v)
+        _check_range(key, v, lo, hi)
+        return v
+
+    def float(self, name: str, default: float | None, *, aliases: Sequence[str] = (), lo: float | None = None,
+              hi: float | None = None) -> float | None:
+        key, v = self.get(name, aliases=aliases)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise invalid(f"Field '{key}': expected a number, got {_show(v)}")
+        v = float(v)
+        _check_range(key, v, lo, hi)
+        return v
+
+    def bool(self, name: str, default: bool) -> bool:
+        key, v = self.get(name)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise invalid(f"Field '{key}': expected true or false, got {_show(v)}")
+        return v
+
+    def str(self, name: str, default: str | None = None) -> str | None:
+        key, v = self.get(name)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            raise invalid(f"Field '{key}': expected a string, got {_show(v)}")
+        return v
+
+    def obj(self, name: str) -> dict | None:
+        key, v = self.get(name)
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise invalid(f"Field '{key}': expected an object, got {_show(v)}")
+        return v
+
+
+def _check_range(key: str, v: float, lo: float | None, hi: float | None) -> None:
+    if lo is not None and hi is not None and not lo <= v <= hi:
+        raise invalid(f"Field '{key}': value must be between {lo} and {hi}, got {v}")
+    if lo is not None and v < lo:
+        raise invalid(f"Field '{key}': value must be >= {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise invalid(f"Field '{key}': value must be <= {hi}, got {v}")
+
+
+@dataclass
+class Defaults:
+    """Server-wide defaults of the request fields (the ``serve`` command's sampling flags)."""
+
+    n_predict: int = -1
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int = -1
+
+
+@dataclass
+class GenParams:
+    """One generation request, parsed (the prompt is parsed separately)."""
+
+    n_predict: int
+    sampling: llama.SamplingParams
+    stop: list[str]
+    speculative: RequestSpec | None
+    id_slot: int = -1
+    cache_prompt: bool = True
+    stream: bool = False
+    include_usage: bool = False
+    timings_per_token: bool = False
+    return_tokens: bool = False
+    n_cmpl: int = 1
+    extra: dict = field(default_factory=dict)
+
+
+def parse_speculative(b: Body) -> RequestSpec | None:
+    """``speculative.n_max`` / ``n_min`` / ``p_min`` / ``verify``, flat or nested; None when none is given."""
+    nested = b.obj("speculative")
+    nb = Body(nested or {})
+    flat_keys = {k: "speculative." + k for k in ("n_max", "n_min", "p_min", "verify")}
+    vals: dict[str, Any] = {}
+    for k, fk in flat_keys.items():
+        fv, nv = b.data.get(fk), nb.data.get(k)
+        if fv is not None and nv is not None and fv != nv:
+            raise invalid(f"Field '{fk}' ({_show(fv)}) and 'speculative': {{\"{k}\": {_show(nv)}}} disagree: give one")
+        src = b if fv is not None else nb
+        name = fk if fv is not None else k
+        if k in ("n_max", "n_min"):
+            vals[k] = src.int(name, None)
+        elif k == "p_min":
+            vals[k] = src.float(name, None)
+        else:
+            vals[k] = src.str(name, None)
+    if all(v is None for v in vals.values()):
+        return None
+    return RequestSpec(**vals)
+
+
+def _stop(b: Body) -> list[str]:
+    key, v = b.get("stop")
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v] if v else []
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return [s for s in v if s]
+    raise invalid(f"Field '{key}': expected a string or a list of strings, got {_show(v)}")
+
+
+def _grammar(b: Body) -> str | None:
+    grammar = b.str("grammar")
+    schema_key, schema = b.get("json_schema")
+    rf = b.obj("response_format")
+    if rf is not None:
+        t = rf.get("type")
+        if t in (None, "text"):
+            pass
+        elif t == "json_object" and rf.get("schema") is None:
+            grammar = grammar or JSON_GRAMMAR
+        elif t in ("json_object", "json_schema"):
+            schema_key, schema = "response_format", rf.get("json_schema") or rf.get("schema") or {}
+        else:
+            raise invalid(f"Field 'response_format': unknown type {_show(t)} (valid: text, json_object, json_schema)")
+    if schema is not None:
+        raise invalid(f"Field '{schema_key}': JSON schemas are not supported by llamaspec serve; use "
+                      "response_format {\"type\": \"json_object\"} or a GBNF 'grammar'")
+    return grammar
+
+
+def _unsupported(b: Body) -> None:
+    """Known llama-server / OpenAI fields that would change the output and that llamaspec does not do:
+    refused, so that nobody gets a silently different answer. Their neutral values are accepted."""
+    lb = b.data.get("logit_bias")
+    if lb not in (None, {}, []):
+        raise invalid("Field 'logit_bias' is not supported by llamaspec serve")
+    for name in ("logprobs", "n_probs", "top_logprobs"):
+        v = b.data.get(name)
+        if v not in (None, False, 0):
+            raise invalid(f"Field '{name}': token probabilities are not supported by llamaspec serve")
+    if b.data.get("ignore_eos") not in (None, False):
+        raise invalid("Field 'ignore_eos' is not supported by llamaspec serve")
+    tools = b.data.get("tools")
+    if tools not in (None, []):
+        raise invalid("Field 'tools': tool calls are not supported by llamaspec serve")
+
+
+def parse_gen_params(b: Body, defaults: Defaults) -> GenParams:
+    """Sampling, length, stop, streaming and slot fields of a completion or chat request."""
+    _unsupported(b)
+    n_predict = b.int("n_predict", defaults.n_predict, aliases=("max_completion_tokens", "max_tokens"), lo=-1)
+    temp = b.float("temperature", defaults.temp)
+    top_k = b.int("top_k", defaults.top_k)
+    seed = b.int("seed", defaults.seed, lo=-1, hi=0xFFFFFFFF)
+    b.float("typical_p", None)  # accepted, type-checked, not used (llama.cpp's default 1.0 = off)
+    sampling = llama.SamplingParams(
+        temp=max(0.0, temp),  # llama-server: temperature <= 0 is greedy
+        top_k=max(0, top_k),  # <= 0 = off
+        top_p=b.float("top_p", defaults.top_p, lo=0.0, hi=1.0),
+        min_p=b.float("min_p", defaults.min_p, lo=0.0, hi=1.0),
+        repeat_penalty=b.float("repeat_penalty", defaults.repeat_penalty, lo=0.0),
+        repeat_last_n=b.int("repeat_last_n", defaults.repeat_last_n, lo=-1),
+        presence_penalty=b.float("presence_penalty", defaults.presence_penalty),
+        frequency_penalty=b.float("frequency_penalty", defaults.frequency_penalty),
+        seed=llama.DEFAULT_SEED if seed == -1 else seed,
+        grammar=_grammar(b),
+    )
+    if sampling.repeat_penalty == 0.0:
+        sampling.repeat_penalty = 1.0  # llama.cpp: 0 and 1 both mean off
+    so = b.obj("stream_options") or {}
+    include_usage = so.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise invalid(f"Field 'stream_options.include_usage': expected true or false, got {_show(include_usage)}")
+    return GenParams(
+        n_predict=n_predict,
+        sampling=sampling,
+        stop=_stop(b),
+        speculative=parse_speculative(b),
+        id_slot=b.int("id_slot", -1, lo=-1),
+        cache_prompt=b.bool("cache_prompt", True),
+        stream=b.bool("stream", False),
+        include_usage=bool(include_usage),
+        timings_per_token=b.bool("timings_per_token", False),
+        return_tokens=b.bool("return_tokens", False),
+        n_cmpl=b.int("n", 1, aliases=("n_cmpl",), lo=1, hi=MAX_N_CMPL),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# prompts
+# ---------------------------------------------------------------------------------------------------
+Tokenize = Callable[[str, bool], list]  # (text, add_special) -> token ids
+
+
+def _is_token(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _one_prompt(p: Any, tokenize: Tokenize, where: str) -> list[int]:
+    """A string, a list of token ids, or a mixed list of strings and ids (llama-server's ``tokenize_mixed``:
+    only the first string gets the model's BOS)."""
+    if isinstance(p, str):
+        return list(tokenize(p, True))
+    if isinstance(p, list):
+        out: list[int] = []
+        for i, x in enumerate(p):
+            if _is_token(x):
+                out.append(x)
+            elif isinstance(x, str):
+                out.extend(tokenize(x, i == 0))
+            else:
+                raise invalid(f"Field '{where}': a prompt is a string, a list of token ids, or a list of both; "
+                              f"got {_show(x)} in it")
+        return out
+    raise invalid(f"Field '{where}': a prompt is a string, a list of token ids, or a list of both; got {_show(p)}")
+
+
+def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt") -> list[list[int]]:
+    """The prompt(s) of a completion request as token lists. One prompt: a string, a list of ids, or a
+    mixed list; several prompts: a list of those (each becomes a choice)."""
+    k, v = b.get(key)
+    if v is None:
+        raise invalid(f"\"{key}\" must be provided")
+    if isinstance(v, str):
+        return [_one_prompt(v, tokenize, k)]
+    if not isinstance(v, list):
+        raise invalid(f"Field '{k}': expected a string or a list, got {_show(v)}")
+    if not v:
+        raise invalid(f"Field '{k}': the prompt list is empty")
+    if any(_is_token(x) for x in v):  # one prompt: ids, or ids and strings
+        return [_one_prompt(v, tokenize, k)]
+    return [_one_prompt(p, tokenize, f"{k}[{i}]") for i, p in enumerate(v)]
+
+
+def parse_messages(b: Body) -> list[dict[str, str]]:
+    """OpenAI chat messages as ``{"role", "content"}`` strings (text parts are joined; other parts refused)."""
+    k, v = b.get("messages")
+    if v is None:
+        raise invalid("\"messages\" must be provided")
+    if not isinstance(v, list) or not v:
+        raise invalid(f"Field '{k}': expected a non-empty list of messages")
+    out = []
+    for i, m in enumerate(v):
+        if not isinstance(m, dict):
+            raise invalid(f"Field 'messages[{i}]': expected an object with 'role' and 'content'")
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise invalid(f"Field 'messages[{i}].role': expected a string")
+        content = m.get("content")
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        elif isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if isinstance(part, str):
+                    parts.append(part)
+                elif isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+                else:
+                    t = part.get("type") if isinstance(part, dict) else None
+                    raise invalid(f"Field 'messages[{i}].content[{j}]': only text parts are supported"
+                                  + (f" (got type {_show(t)})" if t else ""))
+            text = "\n".join(parts)
+        else:
+            raise invalid(f"Field 'messages[{i}].content': expected a string or a list of parts")
+        out.append({"role": role, "content": text})
+    return out
