@@ -13,9 +13,12 @@ _OPTIONS = [
     click.option("--spec-draft-n-max", type=int, default=None, help="Max drafted tokens per round (draft models; default 3)."),
     click.option("--spec-draft-n-min", type=int, default=None, help="Min drafted tokens, shorter drafts are dropped (default 0)."),
     click.option("--spec-draft-p-min", "--draft-p-min", type=float, default=None, help="Stop drafting below this draft probability (default 0)."),
-    click.option("--spec-draft-reuse-kv", is_flag=True,
+    click.option("--spec-draft-reuse-kv/--no-spec-draft-reuse-kv", "spec_draft_reuse_kv", default=None,
                  help="Beyond llama.cpp: keep the draft's own KV instead of re-decoding each verified batch in the "
-                      "draft model (draft-simple; ~10% faster on Gemma-270M; drafts may differ from llama.cpp's)."),
+                      "draft model (draft-simple; ~10% faster on Gemma-270M; default: on, off with --spec-parity)."),
+    click.option("--spec-parity", is_flag=True,
+                 help="Behave exactly like llama.cpp (parity runs): no draft-KV reuse. Greedy output is the same "
+                      "either way; drafts and statistics can differ at near-ties."),
     click.option("--spec-synth-len", type=str, default=None, help="Synthetic acceptance: mean accepted length (benchmarks only)."),
     click.option("--spec-synth-rates", type=str, default=None, help="Synthetic acceptance: comma list of per-position rates (benchmarks only)."),
     click.option("--spec-replay-accept-corrected", is_flag=True,
@@ -35,8 +38,8 @@ def spec_options(f):
 
 
 def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max, spec_draft_n_min, spec_draft_p_min,
-                      spec_synth_len, spec_synth_rates, verify, spec_draft_reuse_kv=False,
-                      spec_replay_accept_corrected=False, **extra):
+                      spec_synth_len, spec_synth_rates, verify, spec_draft_reuse_kv=None,
+                      spec_replay_accept_corrected=False, spec_parity=False, **extra):
     """SpecParams from the flags, validated with llama.cpp's rules and clear messages."""
     from llamaspec.errors import UsageError
     from llamaspec.params import SpecParams
@@ -59,7 +62,8 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
         if not 0.0 <= spec_draft_p_min <= 1.0:
             raise UsageError(f"--spec-draft-p-min must be in [0, 1], got {spec_draft_p_min}")
         p.draft.p_min = spec_draft_p_min
-    p.draft.reuse_kv = bool(spec_draft_reuse_kv)
+    p.draft.reuse_kv = spec_draft_reuse_kv
+    p.parity = bool(spec_parity)
     p.replay_accept_corrected = bool(spec_replay_accept_corrected)
     if spec_synth_len is not None or spec_synth_rates is not None:
         from llamaspec.synth import parse_synth_len, parse_synth_rates

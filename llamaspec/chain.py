@@ -7,6 +7,7 @@ tells every other drafter with ``is_other=True``.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -182,7 +183,7 @@ def _draft_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
 
     if ctx_dft is None:
         raise UsageError("draft-simple needs a draft model: pass --draft-model (-md) NAME|PATH")
-    return DraftSimple(n_seq, p.draft, ctx_tgt, ctx_dft)
+    return DraftSimple(n_seq, dataclasses.replace(p.draft, reuse_kv=p.draft_reuse_kv()), ctx_tgt, ctx_dft)
 
 
 FACTORIES: dict[SpecType, Factory] = {

@@ -168,5 +168,5 @@ def build_parts(
                 parts.keep_drafted = True
             else:
                 d.reuse_kv = False
-                log.info("draft KV reuse needs a trimmable (PART) draft memory; using llama.cpp's re-decode")
+                log.debug("draft KV reuse needs a trimmable (PART) draft memory; using llama.cpp's re-decode")
     return parts

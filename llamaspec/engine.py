@@ -152,6 +152,8 @@ class Engine(Scheduler, SpeculativeRound):
         self.cache_prompt = cache_prompt
         self.totals = GenerationStats()
         self.n_requests_done = 0
+        self.n_decode_total = 0  # target decode calls
+        self.n_busy_slots_total = 0  # slots in them, summed (/ n_decode_total = busy slots per decode)
         self._thread: threading.Thread | None = None
         self._stop_thread = False
 
@@ -269,8 +271,9 @@ class Engine(Scheduler, SpeculativeRound):
         """Make progress for ``req``: run a step when no other thread is, else wait for one. False when
         ``timeout`` passed without output."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        threaded = self._thread is not None and self._thread.is_alive()
         while True:
-            if self._step_lock.acquire(blocking=False):
+            if not threaded and self._step_lock.acquire(blocking=False):
                 try:
                     if not req._chunks and not req.done:
                         self._step()

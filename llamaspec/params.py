@@ -92,8 +92,9 @@ class DraftModelParams:
     p_min: float = 0.0
     p_split: float = 0.1  # unused by the chain (llama.cpp keeps it for examples/speculative)
     #: beyond llama.cpp: keep what drafting decoded in the draft context instead of re-decoding the
-    #: verification batch (llama.cpp's TAG_SPEC_AVOID_DRAFT_REEVAL); off = llama.cpp's behaviour
-    reuse_kv: bool = False
+    #: verification batch (llama.cpp's TAG_SPEC_AVOID_DRAFT_REEVAL); False = llama.cpp's behaviour;
+    #: None = on unless ``SpecParams.parity`` (and only where the draft memory can trim: PART)
+    reuse_kv: bool | None = None
 
 
 @dataclass
@@ -172,6 +173,13 @@ class SpecParams:
     #: in a replay round tell the chain the accepted drafts without the replayed target token (default
     #: False: llama.cpp's count, spec §7.5 step 6; the slot statistics are corrected either way)
     replay_accept_corrected: bool = False
+    #: behave exactly like llama.cpp (parity runs and tests): no draft-KV reuse; default False = the
+    #: fastest path that keeps greedy output equal to the target's
+    parity: bool = False
+
+    def draft_reuse_kv(self) -> bool:
+        """Whether draft-simple keeps its own KV (``draft.reuse_kv``, or on by default unless ``parity``)."""
+        return (not self.parity) if self.draft.reuse_kv is None else bool(self.draft.reuse_kv)
 
     def add_types(self, names: str | list[str]) -> None:
         """``--spec-type LIST`` appends to the list (whose default is ``['none']``)."""

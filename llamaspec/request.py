@@ -46,11 +46,19 @@ class Request:
         self.n_predict = n_predict
         self.sampling = sampling
         self.stop = tuple(stop)
+        self.speculative = None  # RequestSpec | None: per-request speculative settings
+        self.id_slot = -1
+        self.cache_prompt = True
         self.state = RequestState.QUEUED
         self.finish_reason: FinishReason | None = None
         #: the error message when ``finish_reason`` is ``error``
         self.error: str | None = None
         self.slot: "Slot | None" = None
+        #: why it stopped (llama-server's stop_type: "eos", "word", "limit"; None when aborted or failed),
+        #: the stop string that matched, and whether a full context (not n_predict) ended it
+        self.stop_type: str | None = None
+        self.stopping_word = ""
+        self.truncated = False
         self.tokens: list[int] = []
         self.drafted_mask: list[bool] = []
         self._text: list[str] = []
@@ -144,6 +152,8 @@ class Request:
     def _finish(self, reason: FinishReason, error: str | None = None) -> None:
         if self.slot is not None:
             self._stats = self.slot.stats
+            self.stop_type, self.stopping_word, self.truncated = (self.slot.stop_type, self.slot.stopping_word,
+                                                                  self.slot.truncated)
         self.state = RequestState.DONE
         self.finish_reason = reason
         self.error = error

@@ -29,6 +29,8 @@ class SpeculativeRound:
     def _decode(self, rows: list[llama.Row]) -> None:
         """Target decode followed by ``chain.process`` (every target decode, prompt chunks included)."""
         self.ctx.decode(rows)
+        self.n_decode_total += 1
+        self.n_busy_slots_total += len({r.seq_id for r in rows})
         if self.chain is not None and not self.chain.process(rows):
             raise LlamaSpecError("a drafter failed to process the target batch (see the log)")
 
@@ -47,7 +49,7 @@ class SpeculativeRound:
         slot.spec_i_batch = []
         if slot.n_predict == 0:  # prompt only: nothing is sampled
             log.info("slot %d: n_predict = 0, the prompt was processed and nothing generated", slot.id)
-            slot.finish_reason = FinishReason.LENGTH
+            slot.finish_reason, slot.stop_type = FinishReason.LENGTH, "limit"
             return self._emit(slot, [], 0)
         slot.sampler.accept_prompt(slot.prompt)
         return self._emit(slot, [slot.sampler.sample(self.ctx, row)], 0)
@@ -275,6 +277,9 @@ class SpeculativeRound:
         if self.chain is not None and self.spec.replay_accept_corrected:
             self.chain.accept(s.seq_id, n_accepted)
         st = s.stats
+        impl = self.chain.impl_last[s.seq_id] if self.chain is not None else None
+        if impl is not None and n_accepted > 0:
+            st.n_accepted_by_type[impl.type] = st.n_accepted_by_type.get(impl.type, 0) + n_accepted
         st.n_accepted += n_accepted
         st.n_verif_steps += 1
         per = st.n_accepted_per_pos
@@ -289,19 +294,21 @@ class SpeculativeRound:
         text = ""
         for t in tokens:
             if self.vocab.is_eog(t):
-                slot.finish_reason = FinishReason.STOP
+                slot.finish_reason, slot.stop_type = FinishReason.STOP, "eos"
                 break
             emitted.append(t)
             slot.generated.append(t)
             text += slot.stream.feed(self.vocab.token_to_piece(t))
             if slot.stream.stopped:
-                slot.finish_reason = FinishReason.STOP
+                slot.finish_reason, slot.stop_type = FinishReason.STOP, "word"
+                slot.stopping_word = slot.stream.stop_string
                 break
             if slot.n_remaining == 0:
-                slot.finish_reason = FinishReason.LENGTH
+                slot.finish_reason, slot.stop_type = FinishReason.LENGTH, "limit"
                 break
         if slot.finish_reason is None and slot.n_past >= self.n_ctx_seq - 1:
-            slot.finish_reason = FinishReason.LENGTH  # no room left to decode the sampled token
+            # no room left to decode the sampled token
+            slot.finish_reason, slot.stop_type, slot.truncated = FinishReason.LENGTH, "limit", True
         slot.sampled = tokens[-1] if slot.finish_reason is None else None
         slot.stats.n_predicted = len(slot.generated)
         now = time.perf_counter()

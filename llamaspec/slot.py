@@ -48,6 +48,8 @@ class GenerationStats:
     n_accepted: int = 0
     n_verif_steps: int = 0
     n_accepted_per_pos: list[int] = field(default_factory=list)
+    #: accepted draft tokens per drafter type (which drafter produced the accepted runs)
+    n_accepted_by_type: dict = field(default_factory=dict)
     n_replays: int = 0
     n_restores: int = 0
     n_checkpoints: int = 0
@@ -83,6 +85,8 @@ class GenerationStats:
         for k in ("n_prompt", "n_cached", "n_predicted", "t_prompt_s", "t_decode_s", "n_target_decodes", "n_drafted", "n_accepted",
                   "n_verif_steps", "n_replays", "n_restores", "n_checkpoints", "n_trims"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
+        for k, v in other.n_accepted_by_type.items():
+            self.n_accepted_by_type[k] = self.n_accepted_by_type.get(k, 0) + v
         per = self.n_accepted_per_pos
         for i, c in enumerate(other.n_accepted_per_pos):
             if i >= len(per):
@@ -104,6 +108,7 @@ class GenerationStats:
             "n_verif_steps": self.n_verif_steps,
             "acceptance_rate": round(self.acceptance_rate, 5),
             "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "n_accepted_by_type": dict(self.n_accepted_by_type),
             "accepted_per_pos": [round(c / self.n_verif_steps, 4) if self.n_verif_steps else 0.0 for c in self.n_accepted_per_pos],
             "n_replays": self.n_replays,
             "n_restores": self.n_restores,
@@ -168,6 +173,11 @@ class Slot:
         self.sampling: llama.SamplingParams | None = None
         self.stream: TextStream | None = None
         self.finish_reason: FinishReason | None = None
+        #: why it stopped, in llama-server's words: "eos" (end-of-generation token), "word" (a stop string,
+        #: ``stopping_word``), "limit" (n_predict or a full context: ``truncated`` for the context)
+        self.stop_type: str | None = None
+        self.stopping_word: str = ""
+        self.truncated = False
         self.error: str | None = None
         self.stats = GenerationStats()
         self._t0 = 0.0

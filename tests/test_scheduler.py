@@ -124,3 +124,19 @@ def test_engine_thread_metrics_and_slots(tiny_model, alone):
 
 def test_common_prefix():
     assert common_prefix([], [1]) == 0 and common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_why_a_request_stopped_and_which_drafter_was_accepted(tiny_model, alone):
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(3), n_ctx=256, **EXACT) as e:
+        r = e.submit(PROMPTS[0], n_predict=8)
+        r.result()
+        assert (r.stop_type, r.truncated) == ("limit", False)
+        assert r.stats.n_accepted_by_type == {"draft-simple": r.stats.n_accepted} and r.stats.n_accepted > 0
+        text = e.generate(PROMPTS[0], n_predict=8).text
+        word = text[3:5]
+        w = e.submit(PROMPTS[0], n_predict=8, stop=[word])
+        w.result()
+        assert (w.stop_type, w.stopping_word) == ("word", word)
+        full = e.submit(PROMPTS[0], n_predict=-1)
+        full.result()
+        assert (full.stop_type, full.truncated) == ("limit", True)

@@ -82,7 +82,7 @@ class DraftSimple(Drafter):
         self.n_max = params.n_max
         self._sample: list[_SampleCfg | None] = [None] * n_seq
         #: with ``reuse_kv``: per seq, (pos0, tokens decoded in the draft context by the last draft())
-        self.reuse_kv = params.reuse_kv
+        self.reuse_kv = bool(params.reuse_kv)
         self._decoded: list[tuple[int, list[int]] | None] = [None] * n_seq
         # never propose what the target cannot decode: the suppress list (llama.cpp's -inf logit bias) and,
         # for a draft with the larger (padded) vocabulary, every id past the target's
