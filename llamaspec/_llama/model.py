@@ -306,7 +306,8 @@ class Model(_Owned):
         self.tensor_split: tuple[float, ...] | None = ts
         if (n_gpu_layers or 0) > 0 and not vocab_only and not supports_gpu_offload():
             _warn_no_gpu_once()
-        params.use_mmap = use_mmap
+        if not use_mmap:  # this llama.cpp has load_mode (no use_mmap field: assigning one is silently ignored)
+            params.load_mode = native.LLAMA_LOAD_MODE_NONE
         params.vocab_only = vocab_only
         if hasattr(params, "load_mtp"):
             params.load_mtp = load_mtp
