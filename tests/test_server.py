@@ -166,6 +166,9 @@ def test_completion_non_stream_and_stream(client):
     assert t["draft_n_verif_steps"] > 0
     assert t["draft_mean_accepted_length"] == pytest.approx(1 + t["draft_n_accepted"] / t["draft_n_verif_steps"])
     assert sum(t["draft_n_accepted_per_pos"]) == t["draft_n_accepted"]
+    # the drafter type behind the accepted tokens (one draft model here)
+    assert sum(t["draft_n_accepted_by_type"].values()) == t["draft_n_accepted"]
+    assert set(t["draft_n_accepted_by_type"]) <= {"draft-simple"}
 
     chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == ch.text
@@ -240,6 +243,22 @@ def test_native_completion(http):
     assert d["generation_settings"]["n_predict"] == 12 and d["generation_settings"]["temperature"] == 0.0
     det = http.post("/detokenize", json={"tokens": d["tokens"]}).json()
     assert det["content"] == d["content"]
+
+
+def test_native_stop_type_word_and_truncated(http):
+    """``stop_type`` / ``stopping_word`` / ``truncated`` as the Engine reports them."""
+    prompt = _prompt(4, 8)
+    full = http.post("/completion", json={"prompt": prompt, "n_predict": 16, "temperature": 0}).json()["content"]
+    word = full[5:8]
+    d = http.post("/completion", json={"prompt": prompt, "n_predict": 16, "temperature": 0, "stop": [word]}).json()
+    assert d["stop_type"] == "word" and d["stopping_word"] == word and d["truncated"] is False
+    assert d["content"] == full[:full.index(word)]
+    # no n_predict limit and a prompt near the slot's context: a full context ends it (unless an EOS first)
+    d = http.post("/completion", json={"prompt": _prompt(5, N_CTX_SEQ - 12), "n_predict": -1, "temperature": 0}).json()
+    if d["stop_type"] == "eos":
+        assert d["truncated"] is False and d["stopping_word"] == ""
+    else:
+        assert d["stop_type"] == "limit" and d["truncated"] is True, d
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -351,8 +370,10 @@ def test_metrics(http, client):
               "llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:spec_decode_num_accepted_tokens_total",
               "llamacpp:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
               "llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:prompt_tokens_seconds",
-              "llamacpp:predicted_tokens_seconds"):
+              "llamacpp:predicted_tokens_seconds", "llamacpp:n_busy_slots_per_decode"):
         assert n in names, n
+    assert _metric(http, "llamacpp:n_decode_total") > 0
+    assert 1.0 <= _metric(http, "llamacpp:n_busy_slots_per_decode") <= 4.0
     assert _metric(http, "llamacpp:tokens_predicted_total") >= 8
     assert _metric(http, "llamacpp:spec_decode_num_draft_tokens_total") > 0
     assert 'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in text

@@ -36,7 +36,6 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import ContextOverflowError, EngineClosedError, LlamaSpecError, SamplerError, UsageError
-from ..slot import FinishReason
 from . import formats
 from .errors import ApiError, exceed_context, invalid, invalid_api_key, not_supported, unavailable
 from .jobs import GenerationResponse, JobGroup, Renderer
@@ -247,11 +246,6 @@ def _slot_id(req: "Request") -> int:
     return req.slot.id if req.slot is not None else -1
 
 
-def _truncated(req: "Request") -> bool:
-    """Stopped by a full context rather than by n_predict (llama-server's ``truncated``)."""
-    return req.finish_reason is FinishReason.LENGTH and (req.n_predict < 0 or len(req.tokens) < req.n_predict)
-
-
 class _OpenAIBase(Renderer):
     object_chunk = ""
 
@@ -354,19 +348,8 @@ class NativeRenderer(Renderer):
             d["timings"] = formats.timings(req.stats)
         yield d
 
-    def _stop_type(self, req) -> tuple[str, str]:
-        if req.finish_reason is FinishReason.LENGTH:
-            return "limit", ""
-        eng = self.state.engine
-        if not req.tokens or eng is None or eng.vocab.is_eog(req.tokens[-1]) or not req.stop:
-            return ("eos", "") if req.finish_reason is FinishReason.STOP else ("none", "")
-        rest = eng.vocab.detokenize(req.tokens)[len(req.text):]
-        hits = [(rest.find(s), s) for s in req.stop if s in rest]
-        return "word", (min(hits)[1] if hits else req.stop[0])
-
     def final(self, i, req, *, stream: bool) -> dict:
         eng = self.state.engine
-        stop_type, word = self._stop_type(req)
         st = req.stats
         return {
             "index": i, "content": "" if stream else req.text,
@@ -375,8 +358,8 @@ class NativeRenderer(Renderer):
             "tokens_predicted": st.n_predicted, "tokens_evaluated": st.n_prompt,
             "generation_settings": generation_settings(eng, self.gen, self.state.config.defaults, self.model) if eng else {},
             "prompt": eng.vocab.detokenize(req.prompt_tokens, unparse_special=True) if eng else "",
-            "has_new_line": "\n" in req.text, "truncated": _truncated(req), "stop_type": stop_type,
-            "stopping_word": word, "tokens_cached": len(req.prompt_tokens) + len(req.tokens),
+            "has_new_line": "\n" in req.text, "truncated": req.truncated,
+            "stop_type": req.stop_type or "none", "stopping_word": req.stopping_word, "tokens_cached": len(req.prompt_tokens) + len(req.tokens),
             "timings": formats.timings(st),
         }
 

@@ -57,9 +57,8 @@ def timings(s: GenerationStats) -> dict:
             "draft_mean_accepted_length": s.mean_accepted_length,
             "draft_n_accepted_per_pos": list(s.n_accepted_per_pos),
         })
-        by_type = getattr(s, "n_accepted_by_type", None)  # the drafter behind each accepted run, when known
-        if by_type:
-            out["draft_n_accepted_by_type"] = dict(by_type)
+        # the drafter type behind the accepted tokens (beyond llama-server)
+        out["draft_n_accepted_by_type"] = dict(s.n_accepted_by_type)
     return out
 
 

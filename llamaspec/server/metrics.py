@@ -57,6 +57,8 @@ def make_registry(get_engine: Callable[[], "Engine | None"]):
                                     value=n_prompt / t_prompt if t_prompt > 0 else 0.0)
             yield GaugeMetricFamily("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.",
                                     value=n_gen / t_gen if t_gen > 0 else 0.0)
+            yield GaugeMetricFamily("llamacpp:n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+                                    value=float(m.get("n_busy_slots_per_decode", 0.0)))
             yield GaugeMetricFamily("llamacpp:requests_processing", "Number of requests processing.",
                                     value=float(m.get("requests_processing", 0)))
             yield GaugeMetricFamily("llamacpp:requests_deferred", "Number of requests deferred.",
