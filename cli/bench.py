@@ -19,6 +19,12 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--quick", is_flag=True,
               help=f"Smoke test: tiny random models (written to a temporary folder), {QUICK_PROMPTS} short prompts, "
                    f"-n {QUICK_N}, 1 repeat; native engines are skipped when not built.")
+@click.option("--server", "server_mode", is_flag=True,
+              help="Server mode: aggregate decode tokens/s of concurrent HTTP clients against llamaspec serve and "
+                   "llama-server (engines llamaspec, native), same models, draft-simple, -np and prompts, interleaved.")
+@click.option("--clients", default="1,4,8", show_default=True, help="Server mode: comma list of concurrent client counts.")
+@click.option("-np", "--parallel", "n_parallel", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Server mode: server slots (-np) of both servers.")
 @click.option("--pair", default=None, help="Target+draft pair from models.toml (default: the registry's default pair).")
 @click.option("-m", "--model", default=None, help="Target model (name or GGUF path) instead of --pair.")
 @click.option("-md", "--draft-model", "draft_model", default=None, help="Draft model (name or GGUF path), with -m.")
@@ -60,7 +66,7 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--spec-ngram-map-k-size-n", "ngram_map_k_size_n", type=int, default=None, help="ngram-map-k: key length (default 12).")
 @click.option("--spec-ngram-map-k-size-m", "ngram_map_k_size_m", type=int, default=None, help="ngram-map-k: draft length (default 48).")
 @handle_errors
-def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
+def bench(quick, server_mode, clients, n_parallel, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
           flash_attn, seed, spec_draft_n_max, spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol,
           json_path, md_path, plot_path, cache_dir, no_progress, from_json, **ngram_kw):
     """Benchmark llamaspec against native llama.cpp and llama-cpp-python on the same models and settings.
@@ -147,6 +153,10 @@ def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, 
         target = resolve_model_arg(target_name, cache_dir)
         draft = resolve_model_arg(draft_name, cache_dir) if draft_name else None
 
+    if server_mode:
+        return _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients,
+                            n_parallel, engines, n_predict, repeats, ctx_size, batch_size, dev, seed, spec_draft_n_max,
+                            spec_draft_n_min, native_dir, json_path, md_path)
     prompts = load_prompts(prompts_file)
     if quick:
         prompts = quick_subset(prompts, limit or QUICK_PROMPTS, QUICK_CHARS)
@@ -171,6 +181,51 @@ def bench(quick, pair, model, draft_model, modes, engines, prompts_file, limit, 
         if tmpdir is not None:
             tmpdir.cleanup()
     _emit(report, json_path, md_path, plot_path)
+
+
+def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients, n_parallel,
+                 engines, n_predict, repeats, ctx_size, batch_size, dev, seed, n_max, n_min, native_dir, json_path, md_path):
+    """``--server``: llamaspec serve against llama-server (llamaspec/bench/server_mode.py)."""
+    from importlib.util import find_spec
+
+    from llamaspec.bench import load_prompts
+    from llamaspec.bench.prompts import quick_subset
+    from llamaspec.bench.report import write_atomic, write_json
+    from llamaspec.bench.server_mode import ServerBenchConfig, render_server_markdown, run_server_benchmark
+    from llamaspec.errors import UsageError
+
+    try:
+        missing = [m for m in ("starlette", "uvicorn") if find_spec(m) is None]
+        if missing:
+            raise UsageError(f'bench --server needs {" and ".join(missing)} for llamaspec serve: pip install "llamaspec[server]"')
+        try:
+            counts = tuple(int(x) for x in clients.split(",") if x.strip())
+        except ValueError:
+            raise UsageError(f"--clients: a comma list of integers, not {clients!r}") from None
+        prompts = load_prompts(prompts_file)
+        if quick:
+            prompts = quick_subset(prompts, limit or QUICK_PROMPTS, QUICK_CHARS)
+        elif limit:
+            prompts = quick_subset(prompts, limit)
+        cfg = ServerBenchConfig(
+            target=target, draft=draft, prompts=prompts, clients=counts,
+            engines=tuple(e.strip() for e in (engines if given("engines") else "llamaspec,native").split(",") if e.strip()),
+            n_parallel=n_parallel, n_predict=n_predict, repeats=repeats if given("repeats") or quick else 2,
+            n_ctx=ctx_size if given("ctx_size") else ctx_size * n_parallel, n_batch=batch_size,
+            # --quick: one thread (tiny models; a busy machine makes llama.cpp's thread pool spin)
+            threads=dev["n_threads"] or (1 if quick else 0), draft_n_max=n_max, draft_n_min=n_min, seed=seed, native_dir=native_dir,
+            target_name=target_name, draft_name=draft_name, quick=quick,
+            command="llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None)
+        report = run_server_benchmark(cfg, lambda t: err_console.print(f"[dim]{t}[/]", highlight=False))
+    finally:
+        if tmpdir is not None:
+            tmpdir.cleanup()
+    md = render_server_markdown(report)
+    click.echo(md)
+    if json_path:
+        write_json(report, json_path)
+    if md_path:
+        write_atomic(md_path, md)
 
 
 def _emit(report: dict, json_path, md_path, plot_path) -> None:

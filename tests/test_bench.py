@@ -23,7 +23,7 @@ from llamaspec.params import SpecParams
 from llamaspec.probe import expected_speedup
 
 BENCH_MODULES = ["llamaspec.bench.stats", "llamaspec.bench.modes", "llamaspec.bench.native", "llamaspec.bench.prompts",
-                 "llamaspec.bench.report", "llamaspec.bench.runners"]
+                 "llamaspec.bench.report", "llamaspec.bench.runners", "llamaspec.bench.server_mode"]
 
 
 @pytest.mark.parametrize("name", BENCH_MODULES)
@@ -422,3 +422,28 @@ def test_bench_from_json_rerenders(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("[1]")
     assert _invoke(["--from-json", str(bad)]).exit_code == 2
+
+
+def test_bench_server_quick(tmp_path):
+    """``--server --quick``: llamaspec serve on the tiny pair with 1 and 2 clients (llama-server when built)."""
+    from importlib.util import find_spec
+
+    if find_spec("starlette") is None or find_spec("uvicorn") is None:
+        pytest.skip('bench --server needs the server extra: pip install "llamaspec[server]"')
+    js, md = tmp_path / "s.json", tmp_path / "s.md"
+    r = _invoke(["--quick", "--server", "--clients", "1,2", "-n", "8", "--native-dir", str(tmp_path / "nothing"),
+                 "--json", str(js), "--markdown", str(md)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(js.read_text())
+    assert rep["kind"] == "server" and rep["settings"]["n_parallel"] == 4
+    rows = {(x["engine"], x["clients"]): x for x in rep["rows"]}
+    assert set(rows) == {("llamaspec", 1), ("llamaspec", 2)}
+    for row in rows.values():
+        assert row["n_errors"] == 0 and row["tps_median"] > 0 and row["acceptance"] is not None
+    # every request generated n_predict tokens or stopped early; 2 clients send 2 * ceil(3 / 2) requests
+    run2 = [x for x in rep["runs"] if x["clients"] == 2][0]
+    assert run2["n_requests"] == run2["n_ok"] == 4 and 0 < run2["predicted_n"] <= 4 * 8
+    assert any("not built" in n for n in rep["notes"])
+    assert md.read_text().startswith("# llamaspec bench --server")
+    r = _invoke(["--quick", "--server", "--clients", "1,x"])
+    assert r.exit_code == 2 and "--clients" in r.output

@@ -1,0 +1,322 @@
+"""``llamaspec bench --server``: aggregate decode tokens/s of concurrent HTTP clients against ``llamaspec serve``
+and native ``llama-server``, with the same models, draft settings, ``-np`` and prompts.
+
+Both servers are started once on free loopback ports (never timed). Each measurement sends
+``clients * ceil(n_prompts / clients)`` greedy ``POST /completion`` requests (the bench's prompts as token
+ids, cycled; ``n_predict`` fixed, ``cache_prompt: false``, streaming off) from ``clients`` threads, each
+sending its next request when its previous one answered. Aggregate tokens/s = the sum of the responses'
+``timings.predicted_n`` over the wall time from the first request sent to the last response received.
+Per repeat, client counts run in order and the servers alternate (A B on even repeats, B A on odd ones:
+A B B A), so slow drift of a shared machine hits both alike.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..errors import LlamaSpecError, UsageError
+from .native import LOOPBACK, SERVER, _http, find_tool, free_port
+from .prompts import Prompt
+
+#: --engines names -> server label
+SERVER_LABELS = {"llamaspec": "llamaspec serve", "native": "llama-server", "native-server": "llama-server"}
+
+
+@dataclass
+class ServerBenchConfig:
+    target: str
+    draft: str | None
+    prompts: list[Prompt]
+    clients: tuple[int, ...] = (1, 4, 8)
+    engines: tuple[str, ...] = ("llamaspec", "native")
+    n_parallel: int = 4
+    n_predict: int = 128
+    repeats: int = 2
+    n_ctx: int = 4096  # total, split over the slots by both servers
+    n_batch: int = 512
+    threads: int = 0  # 0 = the servers' default
+    draft_n_max: int = 3
+    draft_n_min: int = 0
+    seed: int = 42
+    native_dir: str | None = None
+    target_name: str | None = None
+    draft_name: str | None = None
+    quick: bool = False
+    command: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class HttpServer:
+    """A server process on a free loopback port, ready once ``/health`` answers."""
+
+    def __init__(self, label: str, cmd: Callable[[int], list[str]], log_dir: str, env: dict | None = None):
+        self.label, self._cmd, self.env = label, cmd, env
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+        self.log_path = os.path.join(log_dir, label.replace(" ", "_") + ".log")
+
+    @property
+    def base(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def command(self) -> list[str]:
+        return self._cmd(self.port)
+
+    def start(self, timeout: float = 300.0) -> None:
+        self.port = free_port()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env=self.env)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise LlamaSpecError(f"{self.label} exited at start-up: {self.log_tail()[-600:]}")
+            try:
+                _http(self.base + "/health", timeout=5)
+                return
+            except (urllib.error.URLError, OSError, ConnectionError):
+                time.sleep(0.2)
+        self.stop()
+        raise LlamaSpecError(f"{self.label} did not become ready in {timeout:.0f} s; log: {self.log_path}")
+
+    def log_tail(self) -> str:
+        try:
+            return Path(self.log_path).read_text(errors="replace")[-4000:]
+        except OSError:  # pragma: no cover
+            return ""
+
+    def complete(self, tokens: Sequence[int], n_predict: int, seed: int) -> dict:
+        body = {"prompt": list(tokens), "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": seed,
+                "cache_prompt": False, "stream": False}
+        try:
+            return json.loads(_http(self.base + "/completion", body).decode("utf-8"))
+        except urllib.error.HTTPError as e:
+            raise LlamaSpecError(f"{self.label}: HTTP {e.code}: {e.read()[:300]!r}") from None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                self.proc.kill()
+                self.proc.wait(timeout=20)
+        self.proc = None
+
+
+def server_args(cfg: ServerBenchConfig) -> list[str]:
+    """Flags both servers take with the same meaning (llama.cpp's spellings)."""
+    a = ["-c", str(cfg.n_ctx), "-b", str(cfg.n_batch), "-np", str(cfg.n_parallel), "--temp", "0", "--seed", str(cfg.seed)]
+    if cfg.threads:
+        a += ["-t", str(cfg.threads), "-tb", str(cfg.threads), "-td", str(cfg.threads)]
+    if cfg.draft:
+        a += ["-md", str(cfg.draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(cfg.draft_n_max),
+              "--spec-draft-n-min", str(cfg.draft_n_min)]
+    return a
+
+
+def make_server(engine: str, cfg: ServerBenchConfig, log_dir: str) -> HttpServer:
+    common = server_args(cfg)
+    if engine == "llamaspec":
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        return HttpServer("llamaspec serve", lambda port: [sys.executable, "-m", "cli.main", "serve", "-m", str(cfg.target),
+                                                           "--host", LOOPBACK, "--port", str(port), *common],
+                          log_dir, env=env)
+    binary = find_tool(SERVER, cfg.native_dir)
+    if binary is None:
+        raise UsageError(f"{SERVER} is not built (scripts/build_llama_cpp.sh --targets tools)")
+    return HttpServer("llama-server", lambda port: [str(binary), "-m", str(cfg.target), "--host", LOOPBACK, "--port",
+                                                    str(port), "--no-webui", "--cache-ram", "0", "-ngl", "0",
+                                                    *(["-ngld", "0"] if cfg.draft else []), *common], log_dir)
+
+
+def measure(server: HttpServer, prompts: Sequence[Sequence[int]], clients: int, n_predict: int, seed: int) -> dict:
+    """One measurement: ``clients`` threads send the requests (prompts cycled to a multiple of ``clients``)."""
+    n_req = clients * math.ceil(len(prompts) / clients)
+    jobs = [prompts[i % len(prompts)] for i in range(n_req)]
+    lock = threading.Lock()
+    nxt = [0]
+    out: list[dict] = []
+    errors: list[str] = []
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= len(jobs):
+                return
+            t0 = time.perf_counter()
+            try:
+                r = server.complete(jobs[i], n_predict, seed)
+            except Exception as e:  # reported in the run, not fatal
+                with lock:
+                    errors.append(f"{type(e).__name__}: {e}")
+                continue
+            t = r.get("timings", {})
+            with lock:
+                out.append({"predicted_n": int(t.get("predicted_n", r.get("tokens_predicted", 0))),
+                            "prompt_n": int(t.get("prompt_n", 0)), "draft_n": int(t.get("draft_n", 0)),
+                            "draft_n_accepted": int(t.get("draft_n_accepted", 0)),
+                            "latency_s": time.perf_counter() - t0})
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t0
+    n_tok = sum(r["predicted_n"] for r in out)
+    drafted, accepted = sum(r["draft_n"] for r in out), sum(r["draft_n_accepted"] for r in out)
+    return {"n_requests": n_req, "n_ok": len(out), "errors": errors[:3], "n_errors": len(errors),
+            "predicted_n": n_tok, "wall_s": round(wall, 4), "tokens_per_s": round(n_tok / wall, 3) if wall > 0 else 0.0,
+            "draft_n": drafted, "draft_n_accepted": accepted,
+            "latency_median_s": round(statistics.median(r["latency_s"] for r in out), 4) if out else None}
+
+
+def run_server_benchmark(cfg: ServerBenchConfig, progress: Callable[[str], None] = lambda s: None) -> dict:
+    """Start the servers, run the interleaved schedule, return the report dictionary (JSON-serialisable)."""
+    from .. import _llama as llama
+    from .runners import prepare_prompts
+
+    if not cfg.prompts:
+        raise UsageError("no prompts")
+    if any(c < 1 for c in cfg.clients) or not cfg.clients:
+        raise UsageError("--clients needs positive client counts")
+    t_start = time.time()
+    with llama.Model(cfg.target, vocab_only=True) as vm:
+        bprompts = prepare_prompts(vm, cfg.prompts)
+    n_ctx_seq = cfg.n_ctx // cfg.n_parallel
+    too_long = [p.id for p in bprompts if len(p.tokens) + cfg.n_predict + 2 > n_ctx_seq]
+    if too_long:
+        raise UsageError(f"prompt(s) {', '.join(too_long)} + -n do not fit a slot (-c {cfg.n_ctx} / -np {cfg.n_parallel}): "
+                         "raise -c or lower -n")
+    tokens = [p.tokens for p in bprompts]
+    notes: list[str] = []
+    engines = [e for e in dict.fromkeys("native" if e == "native-server" else e for e in cfg.engines)
+               if e in SERVER_LABELS]
+    log_dir = tempfile.mkdtemp(prefix="llamaspec-bench-server-")
+    servers: dict[str, HttpServer] = {}
+    runs: list[dict] = []
+    try:
+        for e in engines:
+            try:
+                s = make_server(e, cfg, log_dir)
+            except UsageError as ex:
+                notes.append(f"{SERVER_LABELS[e]}: {ex} — its runs were skipped")
+                continue
+            progress(f"starting {s.label}")
+            s.start()
+            servers[e] = s
+            s.complete(tokens[0], min(8, cfg.n_predict), cfg.seed)  # warm-up, not recorded
+        if not servers:
+            raise UsageError("no server to measure: " + "; ".join(notes))
+        order = list(servers)
+        for rep in range(cfg.repeats):
+            for c in cfg.clients:
+                for e in (order if rep % 2 == 0 else order[::-1]):
+                    progress(f"r{rep + 1} {c} client(s) {servers[e].label}")
+                    m = measure(servers[e], tokens, c, cfg.n_predict, cfg.seed)
+                    runs.append({"engine": e, "server": servers[e].label, "clients": c, "repeat": rep, **m})
+        commands = {e: " ".join(s.command()) for e, s in servers.items()}
+    finally:
+        for s in servers.values():
+            s.stop()
+    rows = summarise_server_runs(runs)
+    return {
+        "kind": "server",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": cfg.command,
+        "duration_s": round(time.time() - t_start, 1),
+        "machine": _machine(),
+        "settings": {"target": cfg.target_name or cfg.target, "draft": cfg.draft_name or cfg.draft,
+                     "n_parallel": cfg.n_parallel, "n_ctx": cfg.n_ctx, "n_ctx_seq": n_ctx_seq, "n_batch": cfg.n_batch,
+                     "n_predict": cfg.n_predict, "draft_n_max": cfg.draft_n_max, "draft_n_min": cfg.draft_n_min,
+                     "threads": cfg.threads or "server default", "clients": list(cfg.clients), "repeats": cfg.repeats,
+                     "n_prompts": len(bprompts), "prompt_tokens": {p.id: len(p.tokens) for p in bprompts},
+                     "sampling": "greedy (temperature 0), cache_prompt false, stream false", "quick": cfg.quick,
+                     "schedule": "per repeat: client counts in order, servers alternating (A B, then B A)"},
+        "server_commands": commands,
+        "notes": notes,
+        "rows": rows,
+        "runs": runs,
+    }
+
+
+def _machine() -> dict:
+    from .core import _machine as m
+
+    return m()
+
+
+def summarise_server_runs(runs: Sequence[dict]) -> list[dict]:
+    """One row per (server, clients): median / min / max aggregate tokens/s over the repeats, acceptance,
+    and the llamaspec / llama-server ratio of medians where both ran.
+
+    >>> rs = [{"engine": e, "server": e, "clients": 1, "repeat": r, "tokens_per_s": v, "draft_n": 10,
+    ...        "draft_n_accepted": 5, "n_errors": 0, "latency_median_s": 1.0}
+    ...       for e, r, v in [("llamaspec", 0, 10.0), ("native", 0, 20.0), ("llamaspec", 1, 12.0), ("native", 1, 20.0)]]
+    >>> [(r["engine"], r["tps_median"], r.get("ratio_vs_native")) for r in summarise_server_runs(rs)]
+    [('llamaspec', 11.0, 0.55), ('native', 20.0, None)]
+    """
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["engine"], r["clients"]), []).append(r)
+    rows = []
+    for (e, c), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0] != "llamaspec")):
+        tps = [r["tokens_per_s"] for r in rs]
+        drafted = sum(r["draft_n"] for r in rs)
+        rows.append({"engine": e, "server": rs[0]["server"], "clients": c, "n_runs": len(rs),
+                     "tps_median": round(statistics.median(tps), 2), "tps_min": round(min(tps), 2),
+                     "tps_max": round(max(tps), 2),
+                     "acceptance": round(sum(r["draft_n_accepted"] for r in rs) / drafted, 4) if drafted else None,
+                     "latency_median_s": round(statistics.median(r["latency_median_s"] for r in rs
+                                                                 if r["latency_median_s"] is not None), 3)
+                     if any(r["latency_median_s"] is not None for r in rs) else None,
+                     "n_errors": sum(r["n_errors"] for r in rs)})
+    nat = {r["clients"]: r["tps_median"] for r in rows if r["engine"] == "native"}
+    for r in rows:
+        if r["engine"] == "llamaspec" and nat.get(r["clients"]):
+            r["ratio_vs_native"] = round(r["tps_median"] / nat[r["clients"]], 3)
+    return rows
+
+
+def render_server_markdown(report: dict) -> str:
+    s = report["settings"]
+    lines = ["# llamaspec bench --server", ""]
+    if report.get("command"):
+        lines += ["```", report["command"], "```", ""]
+    m = report["machine"]
+    lines += [f"{report['created']} · {m.get('cpu')} · {m.get('n_cpus_available')} CPUs available · load average at start "
+              f"{m.get('loadavg_at_start')} · {report['duration_s']} s", "",
+              f"Target {s['target']}, draft {s['draft']} (draft-simple, n_max {s['draft_n_max']}, n_min {s['draft_n_min']}); "
+              f"-np {s['n_parallel']}, -c {s['n_ctx']} ({s['n_ctx_seq']} per slot), -b {s['n_batch']}, threads "
+              f"{s['threads']}; {s['n_prompts']} prompts, n_predict {s['n_predict']}, {s['sampling']}; {s['repeats']} "
+              f"repeats, {s['schedule']}.", "",
+              "Aggregate decode tokens/s = sum of `timings.predicted_n` / wall time from the first request sent to the "
+              "last response (prompt processing included in the wall time).", "",
+              "| clients | server | tokens/s median | min – max | acceptance | median latency (s) | llamaspec / llama-server | errors |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in report["rows"]:
+        acc = f"{r['acceptance']:.3f}" if r["acceptance"] is not None else "–"
+        ratio = f"{r['ratio_vs_native']:.2f}" if r.get("ratio_vs_native") is not None else ""
+        lines.append(f"| {r['clients']} | {r['server']} | {r['tps_median']:.1f} | {r['tps_min']:.1f} – {r['tps_max']:.1f} | "
+                     f"{acc} | {r['latency_median_s']} | {ratio} | {r['n_errors']} |")
+    if report["notes"]:
+        lines += [""] + [f"Note: {n}" for n in report["notes"]]
+    if report.get("server_commands"):
+        lines += ["", "Server commands:", ""] + [f"- `{c}`" for c in report["server_commands"].values()]
+    return "\n".join(lines) + "\n"
