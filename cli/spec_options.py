@@ -16,6 +16,9 @@ _OPTIONS = [
     click.option("--spec-draft-reuse-kv/--no-spec-draft-reuse-kv", "spec_draft_reuse_kv", default=None,
                  help="Beyond llama.cpp: keep the draft's own KV instead of re-decoding each verified batch in the "
                       "draft model (draft-simple; ~10% faster on Gemma-270M; default: on, off with --spec-parity)."),
+    click.option("--spec-draft-adaptive", is_flag=True,
+                 help="Beyond llama.cpp: choose each round's draft length per slot from measured acceptance and costs "
+                      "(--spec-draft-n-max is the ceiling)."),
     click.option("--spec-parity", is_flag=True,
                  help="Behave exactly like llama.cpp (parity runs): no draft-KV reuse. Greedy output is the same "
                       "either way; drafts and statistics can differ at near-ties."),
@@ -39,7 +42,7 @@ def spec_options(f):
 
 def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max, spec_draft_n_min, spec_draft_p_min,
                       spec_synth_len, spec_synth_rates, verify, spec_draft_reuse_kv=None,
-                      spec_replay_accept_corrected=False, spec_parity=False, **extra):
+                      spec_replay_accept_corrected=False, spec_parity=False, spec_draft_adaptive=False, **extra):
     """SpecParams from the flags, validated with llama.cpp's rules and clear messages."""
     from llamaspec.errors import UsageError
     from llamaspec.params import SpecParams
@@ -64,6 +67,7 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
         p.draft.p_min = spec_draft_p_min
     p.draft.reuse_kv = spec_draft_reuse_kv
     p.parity = bool(spec_parity)
+    p.draft_adaptive = bool(spec_draft_adaptive)
     p.replay_accept_corrected = bool(spec_replay_accept_corrected)
     if spec_synth_len is not None or spec_synth_rates is not None:
         from llamaspec.synth import parse_synth_len, parse_synth_rates

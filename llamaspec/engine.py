@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from . import _llama as llama
+from .adaptive import CostModel
 from .chain import Chain
 from .contexts import build_parts
 from .drafters.base import Drafter
@@ -152,6 +153,8 @@ class Engine(Scheduler, SpeculativeRound):
         self.cache_prompt = cache_prompt
         self.totals = GenerationStats()
         self.n_requests_done = 0
+        #: adaptive draft length (SpecParams.draft_adaptive): online costs in units of one target decode
+        self.cost_model = CostModel() if (self.chain is not None and spec.draft_adaptive and not spec.parity) else None
         self.n_decode_total = 0  # target decode calls
         self.n_busy_slots_total = 0  # slots in them, summed (/ n_decode_total = busy slots per decode)
         self._thread: threading.Thread | None = None

@@ -176,6 +176,9 @@ class SpecParams:
     #: behave exactly like llama.cpp (parity runs and tests): no draft-KV reuse; default False = the
     #: fastest path that keeps greedy output equal to the target's
     parity: bool = False
+    #: beyond llama.cpp: choose each round's draft length per slot from its measured acceptance and the
+    #: measured costs (llamaspec.adaptive); the configured n_max becomes the ceiling. Off with ``parity``.
+    draft_adaptive: bool = False
 
     def draft_reuse_kv(self) -> bool:
         """Whether draft-simple keeps its own KV (``draft.reuse_kv``, or on by default unless ``parity``)."""

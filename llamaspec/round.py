@@ -28,7 +28,10 @@ log = logging.getLogger("llamaspec")
 class SpeculativeRound:
     def _decode(self, rows: list[llama.Row]) -> None:
         """Target decode followed by ``chain.process`` (every target decode, prompt chunks included)."""
+        t0 = time.perf_counter()
         self.ctx.decode(rows)
+        if self.cost_model is not None and all(r.output for r in rows):  # verification rows: v(k)
+            self.cost_model.add_decode(len(rows), (time.perf_counter() - t0) * 1e3)
         self.n_decode_total += 1
         self.n_busy_slots_total += len({r.seq_id for r in rows})
         if self.chain is not None and not self.chain.process(rows):
@@ -121,6 +124,9 @@ class SpeculativeRound:
                 req = s.spec_req
                 if req is not None and req.n_max is not None:
                     n_max = min(n_max, req.n_max)  # per-request settings only lower the engine's
+                if s.adaptive is not None and n_max > 0:  # beyond llama.cpp: the length that pays best now
+                    cost = self.cost_model
+                    n_max = s.adaptive.choose(cost.verify_cost, cost.draft_cost(), k_cap=n_max)
                 if n_max <= 0:
                     continue
                 self.rollback_tgt.mark(s)
@@ -136,7 +142,11 @@ class SpeculativeRound:
         if not requested:
             return requested
         try:
+            t0 = time.perf_counter()
             chain.draft()
+            if self.cost_model is not None:
+                n = sum(len(chain.dparams[s.seq_id].result) for s in requested)
+                self.cost_model.add_draft(n, (time.perf_counter() - t0) * 1e3)
             return requested
         except Exception as e:  # noqa: BLE001 - find the slot it belongs to
             if len(requested) == 1:
@@ -244,6 +254,8 @@ class SpeculativeRound:
             accepted = s.verifier.replay(rows, draft)
         else:
             accepted = s.verifier.verify(rows, draft, s.spec_probs)
+            if draft and s.adaptive is not None:
+                s.adaptive.update(len(draft), len(accepted) - 1)
         # 3.-4. restore + replay when seq_rm cannot drop the rejected rows: nothing is emitted this round
         n_rollback = len(draft) + 1 - len(accepted)
         if n_rollback > 0 and self.rollback_tgt.needs_restore(n_rollback):

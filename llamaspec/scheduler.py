@@ -23,6 +23,7 @@ import time
 from typing import Sequence
 
 from . import _llama as llama
+from .adaptive import DraftLengthController
 from .errors import ContextOverflowError, UsageError
 from .params import RequestSpec
 from .probe import Level
@@ -166,6 +167,10 @@ class Scheduler:
         slot.verifier = verifier_for(mode, slot, self.ctx, self.vocab.is_eog, self.synth_cond)
         if self.chain is not None:
             self.chain.configure_sampling(slot.seq_id, slot.verifier.draft_temp, slot.sampling.seed)
+            if self.cost_model is not None:
+                t = self.totals  # a new request starts from the engine-wide acceptance
+                prior = t.n_accepted / t.n_drafted if t.n_drafted >= 32 else 0.7
+                slot.adaptive = DraftLengthController(self.chain.n_max, prior_rate=min(max(prior, 0.05), 0.98))
         req.state = RequestState.PROMPT
 
     def _reuse_cache(self, slot: Slot, req: Request) -> int:

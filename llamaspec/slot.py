@@ -166,6 +166,8 @@ class Slot:
         self.n_prompt_chunk = 0  # prompt tokens decoded in this round's batch
         #: per-request speculative settings (None = the engine's)
         self.spec_req = None
+        #: adaptive draft length (llamaspec.adaptive), when the engine has it on
+        self.adaptive = None
         self.prompt_tokens: list[int] = []  # the prompt, kept after the slot's memory is released
         self.sampled: int | None = None  # last token sampled by the target, not yet decoded
         self.generated: list[int] = []

@@ -1,0 +1,147 @@
+"""Adaptive draft length (beyond llama.cpp): each round's ``n_max`` chosen per slot from what was measured.
+
+With ``a_i`` the probability that draft token ``i`` is accepted given that the ones before it were, a draft of
+``k`` tokens yields on average ``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k`` tokens per round (the target's
+own token included) and costs ``C(k) = v(k) + k c``: the target decode of ``k + 1`` rows, ``v(k)``, and ``k``
+draft steps of relative cost ``c`` (both in units of one single-row target decode). The controller picks the
+``k`` in ``0..k_max`` that maximises ``E(k) / C(k)``, the expected tokens per unit of time.
+
+``a_i`` is estimated per slot from the slot's own rounds (accepted / drafted at position ``i``, with a prior
+worth a few rounds so that a new request starts from the engine-wide rate); ``v`` and ``c`` are measured
+online by the engine (decode time per row count, draft time per drafted token). Everything here is pure.
+
+>>> ctl = DraftLengthController(k_max=8, prior_rate=0.9)
+>>> ctl.choose(verify_cost=lambda k: 1.0 + 0.05 * k, draft_cost=0.3)   # good drafts: a long-ish draft
+4
+>>> for _ in range(20):
+...     ctl.update(n_drafted=4, n_accepted=0)                           # drafts keep failing: stop drafting
+>>> ctl.choose(verify_cost=lambda k: 1.0 + 0.05 * k, draft_cost=0.3)
+0
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+__all__ = ["DraftLengthController", "expected_tokens", "best_draft_length", "CostModel"]
+
+
+def expected_tokens(rates: list[float], k: int) -> float:
+    """``E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j``.
+
+    >>> expected_tokens([0.5, 0.5], 2)
+    1.75
+    >>> expected_tokens([0.9], 0)
+    1.0
+    """
+    total, run = 1.0, 1.0
+    for i in range(k):
+        run *= rates[i] if i < len(rates) else (rates[-1] if rates else 0.0)
+        total += run
+    return total
+
+
+def best_draft_length(rates: list[float], k_max: int, verify_cost: Callable[[int], float], draft_cost: float) -> int:
+    """The ``k`` in ``0..k_max`` with the most expected tokens per unit cost (ties: the shorter draft).
+
+    >>> best_draft_length([0.5] * 8, 8, lambda k: 1.0 + 0.1 * k, 0.2)
+    1
+    >>> best_draft_length([0.5] * 8, 8, lambda k: 1.0 + 0.1 * k, 0.5)   # a draft costs more than it brings
+    0
+    >>> best_draft_length([0.99] * 8, 8, lambda k: 1.0 + 0.02 * k, 0.1)
+    8
+    """
+    best_k, best = 0, 1.0 / max(verify_cost(0), 1e-9)
+    for k in range(1, k_max + 1):
+        cost = verify_cost(k) + k * draft_cost
+        value = expected_tokens(rates, k) / max(cost, 1e-9)
+        if value > best * (1 + 1e-9):
+            best_k, best = k, value
+    return best_k
+
+
+class DraftLengthController:
+    """Per-slot estimates of ``a_i`` and the choice of the next draft length (module docstring)."""
+
+    def __init__(self, k_max: int, prior_rate: float = 0.7, prior_weight: float = 3.0, explore_every: int = 8):
+        self.k_max = k_max
+        self.prior_rate = prior_rate
+        self.prior_weight = prior_weight
+        self.explore_every = explore_every  # after this many rounds without drafting, try one draft token
+        self.trials = [0.0] * k_max
+        self.accepts = [0.0] * k_max
+        self._idle = 0
+
+    def rates(self) -> list[float]:
+        w, p = self.prior_weight, self.prior_rate
+        return [(self.accepts[i] + w * p) / (self.trials[i] + w) for i in range(self.k_max)]
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        """One verified draft: positions ``< n_accepted`` were accepted, position ``n_accepted`` rejected."""
+        for i in range(min(n_drafted, self.k_max)):
+            if i > n_accepted:
+                break
+            self.trials[i] += 1
+            if i < n_accepted:
+                self.accepts[i] += 1
+
+    def choose(self, verify_cost: Callable[[int], float], draft_cost: float, k_cap: int | None = None) -> int:
+        k_max = self.k_max if k_cap is None else min(self.k_max, k_cap)
+        k = best_draft_length(self.rates(), k_max, verify_cost, draft_cost)
+        if k == 0 and k_max > 0:
+            self._idle += 1
+            if self._idle >= self.explore_every:  # conditions change with the text: look again now and then
+                self._idle = 0
+                return 1
+        else:
+            self._idle = 0
+        return k
+
+
+class CostModel:
+    """Online costs in units of one single-row target decode: ``v(k)`` from decode times by row count
+    (exponential moving averages; unmeasured row counts interpolate linearly), ``c`` from draft time per
+    drafted token."""
+
+    def __init__(self, alpha: float = 0.2):
+        self.alpha = alpha
+        self.decode_ms: dict[int, float] = {}
+        self.draft_ms_per_token: float | None = None
+
+    def add_decode(self, n_rows: int, ms: float) -> None:
+        old = self.decode_ms.get(n_rows)
+        self.decode_ms[n_rows] = ms if old is None else old + self.alpha * (ms - old)
+
+    def add_draft(self, n_tokens: int, ms: float) -> None:
+        if n_tokens <= 0:
+            return
+        per = ms / n_tokens
+        old = self.draft_ms_per_token
+        self.draft_ms_per_token = per if old is None else old + self.alpha * (per - old)
+
+    def verify_cost(self, k: int) -> float:
+        """``v(k)``: the decode of ``k + 1`` rows relative to one row (1 + 0.05 k until measured).
+
+        >>> m = CostModel(); m.add_decode(1, 10.0); m.add_decode(5, 14.0)
+        >>> m.verify_cost(0), m.verify_cost(4), round(m.verify_cost(2), 2)
+        (1.0, 1.4, 1.2)
+        """
+        base = self.decode_ms.get(1)
+        if not base:
+            return 1.0 + 0.05 * k
+        rows = k + 1
+        if rows in self.decode_ms:
+            return self.decode_ms[rows] / base
+        known = sorted(self.decode_ms)
+        lo = max((r for r in known if r < rows), default=1)
+        hi = min((r for r in known if r > rows), default=None)
+        if hi is None:  # beyond what was measured: extend the last slope (at least the per-row cost so far)
+            slope = (self.decode_ms[lo] - base) / max(lo - 1, 1) if lo > 1 else 0.05 * base
+            return (self.decode_ms[lo] + slope * (rows - lo)) / base
+        t = (rows - lo) / (hi - lo)
+        return (self.decode_ms[lo] + t * (self.decode_ms[hi] - self.decode_ms[lo])) / base
+
+    def draft_cost(self) -> float:
+        base = self.decode_ms.get(1)
+        if not base or self.draft_ms_per_token is None:
+            return 0.3
+        return self.draft_ms_per_token / base

@@ -1,0 +1,84 @@
+"""Adaptive draft length (llamaspec.adaptive): the pure choice, and the engine with it on."""
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import llamaspec.adaptive as adaptive
+from llamaspec.adaptive import CostModel, DraftLengthController, best_draft_length, expected_tokens
+from llamaspec.engine import Engine
+from llamaspec.params import SpecParams
+
+from helpers import EXACT
+
+PROMPTS = [[1, 5, 9, 13, 22, 7], [3, 4, 5], [9, 9, 9, 1], [40, 2, 17, 33, 8]]
+
+
+def test_doctests():
+    assert doctest.testmod(adaptive).failed == 0
+
+
+@pytest.mark.parametrize("rate,verify_slope,draft_cost,expect", [
+    (0.99, 0.02, 0.05, 16),   # near-perfect cheap drafts: the ceiling
+    (0.9, 0.05, 0.3, 4),
+    (0.6, 0.1, 0.3, 1),
+    (0.3, 0.1, 0.3, 0),       # drafting loses: off
+])
+def test_best_length_table(rate, verify_slope, draft_cost, expect):
+    assert best_draft_length([rate] * 16, 16, lambda k: 1 + verify_slope * k, draft_cost) == expect
+
+
+def test_the_choice_maximises_tokens_per_cost():
+    rates = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
+    v = lambda k: 1 + 0.07 * k  # noqa: E731
+    k = best_draft_length(rates, 6, v, 0.2)
+    values = [expected_tokens(rates, j) / (v(j) + 0.2 * j) for j in range(7)]
+    assert values[k] == max(values)
+
+
+def test_controller_learns_per_position_and_explores():
+    c = DraftLengthController(k_max=6, prior_rate=0.7, explore_every=3)
+    for _ in range(30):  # the first two tokens always pass, the third never
+        c.update(n_drafted=6, n_accepted=2)
+    r = c.rates()
+    assert r[0] > 0.9 and r[1] > 0.9 and r[2] < 0.15
+    assert c.choose(lambda k: 1 + 0.05 * k, 0.1) == 2
+    for _ in range(30):
+        c.update(n_drafted=2, n_accepted=0)
+    picks = [c.choose(lambda k: 1 + 0.05 * k, 0.5) for _ in range(6)]
+    assert picks.count(0) == 4 and picks.count(1) == 2  # off, but it looks again every 3 rounds
+
+
+def test_cost_model_from_measurements():
+    m = CostModel(alpha=1.0)
+    assert m.verify_cost(3) == pytest.approx(1.15) and m.draft_cost() == 0.3  # priors until measured
+    m.add_decode(1, 20.0)
+    m.add_decode(3, 24.0)
+    m.add_draft(4, 16.0)
+    assert m.verify_cost(2) == pytest.approx(1.2) and m.draft_cost() == pytest.approx(0.2)
+    assert m.verify_cost(4) == pytest.approx(1.4)  # 5 rows, beyond the last measurement: the same slope
+
+
+@pytest.mark.parametrize("kind,draft,n_rs_seq", [("llama", "llama-draft", None), ("mamba", "mamba-draft", None),
+                                                 ("lfm2", "lfm2-draft", 2)])
+def test_adaptive_engine_greedy_equals_plain(tiny_model, kind, draft, n_rs_seq):
+    p = SpecParams()
+    p.draft.n_max = 8
+    p.draft_adaptive = True
+    with Engine(tiny_model(kind), n_ctx=256, **EXACT) as e:
+        plain = [e.generate(PROMPTS[i], n_predict=48).tokens for i in range(2)]
+    with Engine(tiny_model(kind), draft=tiny_model(draft), spec=p, n_ctx=256, n_parallel=2, n_rs_seq=n_rs_seq,
+                **EXACT) as e:
+        assert e.cost_model is not None
+        res = e.generate_many(PROMPTS[:2], n_predict=48)
+        assert e.cost_model.decode_ms  # costs were measured
+    assert [r.tokens for r in res] == plain
+    assert sum(r.stats.n_drafted for r in res) > 0
+
+
+def test_parity_turns_adaptive_off(tiny_model):
+    p = SpecParams()
+    p.draft_adaptive, p.parity = True, True
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=p, n_ctx=256) as e:
+        assert e.cost_model is None and not e.chain.impls[0].reuse_kv
