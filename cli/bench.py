@@ -21,7 +21,8 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
                    f"-n {QUICK_N}, 1 repeat; native engines are skipped when not built.")
 @click.option("--server", "server_mode", is_flag=True,
               help="Server mode: aggregate decode tokens/s of concurrent HTTP clients against llamaspec serve and "
-                   "llama-server (engines llamaspec, native), same models, draft-simple, -np and prompts, interleaved.")
+                   "llama-server (engines llamaspec, native), same models, draft-simple (--spec-draft-n-max/-n-min; --modes "
+                   "is not used), -np and prompts, interleaved; 2 repeats unless --repeats.")
 @click.option("--clients", default="1,4,8", show_default=True, help="Server mode: comma list of concurrent client counts.")
 @click.option("-np", "--parallel", "n_parallel", type=click.IntRange(min=1), default=4, show_default=True,
               help="Server mode: server slots (-np) of both servers.")

@@ -205,7 +205,8 @@ def run_server_benchmark(cfg: ServerBenchConfig, progress: Callable[[str], None]
         raise UsageError(f"prompt(s) {', '.join(too_long)} + -n do not fit a slot (-c {cfg.n_ctx} / -np {cfg.n_parallel}): "
                          "raise -c or lower -n")
     tokens = [p.tokens for p in bprompts]
-    notes: list[str] = []
+    notes = [f"{e}: not a server, skipped (server mode runs llamaspec and native)" for e in cfg.engines
+             if e not in SERVER_LABELS]
     engines = [e for e in dict.fromkeys("native" if e == "native-server" else e for e in cfg.engines)
                if e in SERVER_LABELS]
     log_dir = tempfile.mkdtemp(prefix="llamaspec-bench-server-")
