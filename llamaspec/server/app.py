@@ -34,12 +34,12 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import __version__
 from ..errors import ContextOverflowError, EngineClosedError, LlamaSpecError, SamplerError, UsageError
 from . import formats
 from .errors import ApiError, exceed_context, invalid, invalid_api_key, not_supported, unavailable
-from .jobs import GenerationResponse, JobGroup, Renderer
+from .jobs import GenerationResponse, JobGroup
 from .parsing import Body, Defaults, GenParams, parse_gen_params, parse_json, parse_messages, parse_prompts
+from .render import SYSTEM_FINGERPRINT, ChatRenderer, CompletionRenderer, NativeRenderer, generation_settings
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
@@ -47,7 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("llamaspec.server")
 
-SYSTEM_FINGERPRINT = f"llamaspec-{__version__}"
 #: routes that need neither a loaded model nor an API key
 HEALTH = ("/health", "/v1/health")
 #: routes that need no API key (llama-server's public endpoints)
@@ -207,168 +206,6 @@ def _api_error(e: BaseException) -> BaseException:
     if isinstance(e, LlamaSpecError):
         return ApiError(500, str(e), "server_error")
     return e
-
-
-def generation_settings(eng: "Engine", gen: GenParams | None, defaults: Defaults, model_id: str) -> dict:
-    """llama-server's ``generation_settings`` / slot ``params`` (the fields llamaspec has)."""
-    spec = eng.spec
-    if gen is not None:
-        s = gen.sampling
-        d = {"n_predict": gen.n_predict, "temperature": s.temp, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
-             "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
-             "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty, "seed": s.seed,
-             "stop": list(gen.stop), "grammar": s.grammar or "", "stream": gen.stream,
-             "cache_prompt": gen.cache_prompt, "id_slot": gen.id_slot}
-        rs = gen.speculative
-    else:
-        d = {"n_predict": defaults.n_predict, "temperature": defaults.temp, "top_k": defaults.top_k,
-             "top_p": defaults.top_p, "min_p": defaults.min_p, "repeat_penalty": defaults.repeat_penalty,
-             "repeat_last_n": defaults.repeat_last_n, "presence_penalty": defaults.presence_penalty,
-             "frequency_penalty": defaults.frequency_penalty, "seed": defaults.seed, "stop": [], "grammar": "",
-             "stream": False, "cache_prompt": True, "id_slot": -1}
-        rs = None
-    n_max = eng.chain.n_max if eng.chain is not None else 0
-    d.update({
-        "model": model_id,
-        "speculative.types": list(eng.chain.types) if eng.chain is not None else ["none"],
-        "speculative.n_max": rs.n_max if rs is not None and rs.n_max is not None else n_max,
-        "speculative.n_min": rs.n_min if rs is not None and rs.n_min is not None else spec.draft.n_min,
-        "speculative.p_min": rs.p_min if rs is not None and rs.p_min is not None else spec.draft.p_min,
-        "speculative.verify": rs.verify if rs is not None and rs.verify else eng.verify,
-    })
-    return d
-
-
-# ---------------------------------------------------------------------------------------------------
-# renderers
-# ---------------------------------------------------------------------------------------------------
-def _slot_id(req: "Request") -> int:
-    return req.slot.id if req.slot is not None else -1
-
-
-class _OpenAIBase(Renderer):
-    object_chunk = ""
-
-    def __init__(self, state: ServerState, gen: GenParams, model: str, prefix: str):
-        self.state, self.gen, self.model = state, gen, model
-        self.id = formats.new_id(prefix)
-        self.created = formats.now()
-
-    def head(self, obj: str) -> dict:
-        return {"created": self.created, "id": self.id, "model": self.model, "system_fingerprint": SYSTEM_FINGERPRINT,
-                "object": obj}
-
-
-class CompletionRenderer(_OpenAIBase):
-    """``/v1/completions``: ``text_completion`` objects."""
-
-    def stream_chunk(self, i, req, ch):
-        if not ch.text:
-            return
-        d = {"choices": [{"text": ch.text, "index": i, "logprobs": None, "finish_reason": None}],
-             **self.head("text_completion")}
-        if self.gen.timings_per_token:
-            d["timings"] = formats.timings(req.stats)
-        yield d
-
-    def stream_finish(self, i, req):
-        yield {"choices": [{"text": "", "index": i, "logprobs": None, "finish_reason": formats.finish_reason(req.finish_reason)}],
-               **self.head("text_completion"), "usage": formats.usage([req.stats]), "timings": formats.timings(req.stats)}
-
-    def stream_tail(self, reqs):
-        if self.gen.include_usage:
-            stats = [r.stats for r in reqs]
-            yield {"choices": [], **self.head("text_completion"), "usage": formats.usage(stats),
-                   "timings": formats.timings(formats.merged(stats))}
-
-    def whole(self, reqs):
-        stats = [r.stats for r in reqs]
-        return {"choices": [{"text": r.text, "index": i, "logprobs": None, "finish_reason": formats.finish_reason(r.finish_reason)}
-                            for i, r in enumerate(reqs)],
-                **self.head("text_completion"), "usage": formats.usage(stats),
-                "timings": formats.timings(formats.merged(stats))}
-
-
-class ChatRenderer(_OpenAIBase):
-    """``/v1/chat/completions``: ``chat.completion`` objects and ``chat.completion.chunk`` deltas."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self._started: set[int] = set()
-
-    def _role(self, i):
-        if i not in self._started:
-            self._started.add(i)
-            yield {"choices": [{"finish_reason": None, "index": i, "delta": {"role": "assistant", "content": None}}],
-                   **self.head("chat.completion.chunk")}
-
-    def stream_chunk(self, i, req, ch):
-        yield from self._role(i)
-        if ch.text:
-            d = {"choices": [{"finish_reason": None, "index": i, "delta": {"content": ch.text}}],
-                 **self.head("chat.completion.chunk")}
-            if self.gen.timings_per_token:
-                d["timings"] = formats.timings(req.stats)
-            yield d
-
-    def stream_finish(self, i, req):
-        yield from self._role(i)
-        yield {"choices": [{"finish_reason": formats.finish_reason(req.finish_reason), "index": i, "delta": {}}],
-               **self.head("chat.completion.chunk"), "timings": formats.timings(req.stats)}
-
-    def stream_tail(self, reqs):
-        if self.gen.include_usage:
-            stats = [r.stats for r in reqs]
-            yield {"choices": [], **self.head("chat.completion.chunk"), "usage": formats.usage(stats),
-                   "timings": formats.timings(formats.merged(stats))}
-
-    def whole(self, reqs):
-        stats = [r.stats for r in reqs]
-        return {"choices": [{"finish_reason": formats.finish_reason(r.finish_reason), "index": i,
-                             "message": {"role": "assistant", "content": r.text}} for i, r in enumerate(reqs)],
-                **self.head("chat.completion"), "usage": formats.usage(stats),
-                "timings": formats.timings(formats.merged(stats))}
-
-
-class NativeRenderer(Renderer):
-    """llama.cpp's ``/completion``: ``content`` chunks, a final object with ``stop: true``, no ``[DONE]``."""
-
-    openai = False
-
-    def __init__(self, state: ServerState, gen: GenParams, model: str):
-        self.state, self.gen, self.model = state, gen, model
-
-    def stream_chunk(self, i, req, ch):
-        if not ch.text and not (self.gen.return_tokens and ch.tokens):
-            return
-        d = {"index": i, "content": ch.text, "tokens": list(ch.tokens) if self.gen.return_tokens else [],
-             "stop": False, "id_slot": _slot_id(req), "tokens_predicted": len(req.tokens),
-             "tokens_evaluated": len(req.prompt_tokens)}
-        if self.gen.timings_per_token:
-            d["timings"] = formats.timings(req.stats)
-        yield d
-
-    def final(self, i, req, *, stream: bool) -> dict:
-        eng = self.state.engine
-        st = req.stats
-        return {
-            "index": i, "content": "" if stream else req.text,
-            "tokens": list(req.tokens) if self.gen.return_tokens and not stream else [],
-            "id_slot": _slot_id(req), "stop": True, "model": self.model,
-            "tokens_predicted": st.n_predicted, "tokens_evaluated": st.n_prompt,
-            "generation_settings": generation_settings(eng, self.gen, self.state.config.defaults, self.model) if eng else {},
-            "prompt": eng.vocab.detokenize(req.prompt_tokens, unparse_special=True) if eng else "",
-            "has_new_line": "\n" in req.text, "truncated": req.truncated,
-            "stop_type": req.stop_type or "none", "stopping_word": req.stopping_word, "tokens_cached": len(req.prompt_tokens) + len(req.tokens),
-            "timings": formats.timings(st),
-        }
-
-    def stream_finish(self, i, req):
-        yield self.final(i, req, stream=True)
-
-    def whole(self, reqs):
-        objs = [self.final(i, r, stream=False) for i, r in enumerate(reqs)]
-        return objs[0] if len(objs) == 1 else objs
 
 
 # ---------------------------------------------------------------------------------------------------
