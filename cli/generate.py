@@ -201,7 +201,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
                     _print_stats(eng, stats)
                     b = stats.get("baseline")
                     if b and b["kind"] == "estimated":
-                        err_console.print(f"[dim]plain estimate: median of {b['n_steps']} plain target decode steps, "
+                        err_console.print(f"[dim]plain estimate: median of {b['n_steps']} plain steps of the target (decode + sample), "
                                           f"{b['ms_per_token']:.1f} ms each (measured in {b['wall_ms']:.0f} ms)[/]",
                                           soft_wrap=True)
                 err_console.print(_summary_line(eng, stats), soft_wrap=True)
@@ -233,7 +233,7 @@ def _shares_a_screen_or_file(out, err) -> bool:
 def _plain_baseline(eng, results, token_lists, spec_tps, *, measure, n_predict, sampling, stop, ctx_size,
                     batch_size) -> dict | None:
     """Plain decoding speed to compare with: measured (--baseline: the same prompts again, without drafting)
-    or estimated (a few plain decode steps of the target, :mod:`llamaspec.estimate`). None when there
+    or estimated (a few plain decode + sample steps of the target, :mod:`llamaspec.estimate`). None when there
     is nothing to compare (plain run, nothing generated, several slots without --baseline)."""
     from llamaspec.estimate import measure_plain_step, speedup
 
@@ -256,7 +256,7 @@ def _plain_baseline(eng, results, token_lists, spec_tps, *, measure, n_predict, 
     if len(results) != 1 or eng.n_parallel != 1:
         return None  # slots decoded together: one plain step is no baseline for a batch
     r = results[0]
-    cost = measure_plain_step(eng.model, r.prompt_tokens, r.tokens, n_threads=cp.n_threads,
+    cost = measure_plain_step(eng.model, r.prompt_tokens, r.tokens, sampling=sampling, n_threads=cp.n_threads,
                               n_threads_batch=cp.n_threads_batch, flash_attn=cp.flash_attn, kv_f32=cp.kv_f32)
     s = speedup(spec_tps, cost.tokens_per_second)
     return {"kind": "estimated", "plain_tokens_per_second": round(cost.tokens_per_second, 3),

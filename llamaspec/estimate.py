@@ -1,18 +1,19 @@
 """A cheap estimate of plain decoding speed, for "how much faster was speculation?" after a run.
 
-Plain (non-speculative) decoding costs one target decode of one token per generated token. After a
-speculative run, :func:`measure_plain_step` times a few such decodes of the target on a scratch context
-that holds the same prompt (its last ``n_prefix_max`` tokens) and continues with the tokens that were
-generated, so the estimate sees the same model, threads and KV size order as the run (well under a second
-on the models of ``models.toml``). The speculative run's own figure also pays for sampling and the Python
-loop, which this estimate leaves out: the estimated plain speed is, if anything, a little too fast, and the
-speedup a little too small.
+Plain (non-speculative) decoding costs one target decode of one token, and one sampling of its logits, per
+generated token. After a speculative run, :func:`measure_plain_step` times a few such steps of the target on
+a scratch context that holds the same prompt (its last ``n_prefix_max`` tokens) and continues with the
+tokens that were generated, with the run's sampling settings, so the estimate sees the same model, threads,
+sampler and KV size order as the run (well under a second on the models of ``models.toml``). The engine's
+loop around each step (Python, a few hundred microseconds) is left out: the estimated plain speed is, if
+anything, a little too fast, and the speedup a little too small.
 
 The arithmetic is kept pure (:func:`plain_tokens_per_second`, :func:`speedup`) so it can be tested without
 a model.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ __all__ = ["PlainStepCost", "measure_plain_step", "plain_tokens_per_second", "sp
 
 @dataclass(frozen=True)
 class PlainStepCost:
-    """Median milliseconds of one plain decoding step (one token, its logits read), over ``n_steps``."""
+    """Median milliseconds of one plain decoding step (one token decoded, then sampled), over ``n_steps``."""
 
     ms_per_token: float
     n_steps: int
@@ -68,8 +69,9 @@ def measure_plain_step(
     *,
     n_prefix_max: int = 32,
     n_steps_max: int = 8,
-    n_steps_min: int = 3,
-    budget_s: float = 0.25,
+    n_steps_min: int = 5,
+    budget_s: float = 0.3,
+    sampling: llama.SamplingParams | None = None,
     n_threads: int | None = None,
     n_threads_batch: int | None = None,
     flash_attn: bool | None = None,
@@ -78,8 +80,11 @@ def measure_plain_step(
     """Time plain decoding steps of ``model``: decode the last ``n_prefix_max`` prompt tokens in one batch,
     one untimed step (warm-up), then single-token steps fed with ``generated`` (cycled; the prompt when
     nothing was generated) until ``n_steps_max`` steps or ``budget_s`` seconds, at least ``n_steps_min``.
-    Uses its own small context, so the caller's contexts are not touched.
+    Each step is sampled with ``sampling`` (greedy when None) as plain decoding would; the picks are not
+    used. Uses its own small context and sampler, so the caller's are not touched.
     """
+    from .sampler import TargetSampler
+
     t_start = time.perf_counter()
     prefix = list(prompt[-n_prefix_max:]) if n_prefix_max > 0 else []
     if not prefix:
@@ -91,16 +96,18 @@ def measure_plain_step(
     n_ctx = max(16, n_ctx)
     n_steps_max = max(1, min(n_steps_max, n_ctx - len(prefix) - 2))
     times: list[float] = []
-    with llama.Context(model, n_ctx=n_ctx, n_batch=max(len(prefix), 1), n_threads=n_threads,
-                       n_threads_batch=n_threads_batch, flash_attn=flash_attn, kv_f32=kv_f32) as ctx:
+    sampler = TargetSampler(model.vocab, sampling or llama.SamplingParams(temp=0.0))
+    with contextlib.closing(sampler), llama.Context(
+        model, n_ctx=n_ctx, n_batch=max(len(prefix), 1), n_threads=n_threads, n_threads_batch=n_threads_batch,
+        flash_attn=flash_attn, kv_f32=kv_f32,
+    ) as ctx:
         ctx.decode_tokens(prefix, 0, 0)
         pos = len(prefix)
         for i in range(n_steps_max + 1):
             tok = cont[i % len(cont)]
             t0 = time.perf_counter()
             ctx.decode([llama.Row(tok, pos, 0, True)])
-            ctx.logits(0)
-            ctx.synchronize()
+            sampler.sample(ctx, 0)
             dt = time.perf_counter() - t0
             pos += 1
             if i == 0:
