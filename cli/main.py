@@ -51,7 +51,8 @@ def overview() -> str:
             mb = _download_mb(reg, [p.target, p.draft])
             size = f", about {mb:.0f} MB" if mb else ""
             pair_line = (f"speculate with the default pair {p.name}: target {p.target}, draft {p.draft}\n"
-                         f"      (fetched on first use{size}); the last line tells how much faster than plain it was")
+                         f"      (fetched on first use{size}); the last line tells how much faster than plain it\n"
+                         f"      was (greedy: the same text as the target alone)")
             probe_args = f"{p.target} -md {p.draft}"
     except Exception:  # a broken models.toml must not break the overview; `generate` reports it properly
         pass
@@ -63,7 +64,7 @@ lookup) proposes tokens, the target model checks them all in one batch: the same
 
 Try first:
 
-  llamaspec generate "def fibonacci(n):"
+  llamaspec generate "def fibonacci(n):" --temp 0
       {pair_line}
 
   llamaspec probe {probe_args}

@@ -259,7 +259,7 @@ def test_no_arguments_prints_the_overview(tiny_registry):
     assert r.exit_code == 0, r.output
     out = r.output
     assert "Try first" in out and "Usage:" not in out
-    assert 'llamaspec generate "def fibonacci(n):"' in out and "default pair tiny" in out
+    assert 'llamaspec generate "def fibonacci(n):" --temp 0' in out and "default pair tiny" in out
     assert "llamaspec probe tiny-target -md tiny-draft" in out
     assert "serve" in out
     assert "Usage:" in run("--help").output
