@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from ._common import check_output_path, err_console, handle_errors, resolve_model_arg
+from ._common import check_output_path, err_console, handle_errors
 from .device_options import device_options, pop_device_options
-from .spec_options import build_spec_params, spec_options
+from .spec_options import resolve_spec_models, spec_options
 
 
 def _read_prompt(prompt: str | None, file: str | None) -> str:
@@ -127,16 +127,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
         from llamaspec.models import load_registry
 
         pair = load_registry().default_pair or None  # the first command speculates; -m alone is plain
-    if pair is not None:
-        if model or spec_kw.get("draft_model"):
-            raise UsageError("--pair names both models: drop -m / -md, or drop --pair")
-        from llamaspec.models import load_registry
-
-        p = load_registry().pair(pair)
-        model, spec_kw["draft_model"] = p.target, p.draft
-    spec, draft_name, verify = build_spec_params(**spec_kw)
-    path = resolve_model_arg(model, cache_dir)
-    dpath = resolve_model_arg(draft_name, cache_dir) if draft_name else None
+    spec, verify, path, dpath = resolve_spec_models(model, pair, cache_dir, spec_kw)
     out = sys.stdout
     use_color = out.isatty() if color is None else color
     with Engine(path, draft=dpath, spec=spec, verify=verify, n_ctx=ctx_size, n_batch=batch_size,

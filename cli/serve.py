@@ -5,9 +5,9 @@ from pathlib import Path
 
 import click
 
-from ._common import err_console, handle_errors, resolve_model_arg
+from ._common import err_console, handle_errors
 from .device_options import device_options, pop_device_options
-from .spec_options import build_spec_params, spec_options
+from .spec_options import resolve_spec_models, spec_options
 
 
 def _read_api_keys(keys: tuple[str, ...], key_file: str | None) -> list[str]:
@@ -120,16 +120,7 @@ def serve(model, pair, host, port, api_keys, api_key_file, alias, metrics, slots
         from llamaspec.models import load_registry
 
         pair = load_registry().default_pair or None
-    if pair is not None:
-        if model or spec_kw.get("draft_model"):
-            raise UsageError("--pair names both models: drop -m / -md, or drop --pair")
-        from llamaspec.models import load_registry
-
-        p = load_registry().pair(pair)
-        model, spec_kw["draft_model"] = p.target, p.draft
-    spec, draft_name, verify = build_spec_params(**spec_kw)
-    path = resolve_model_arg(model, cache_dir)
-    dpath = resolve_model_arg(draft_name, cache_dir) if draft_name else None
+    spec, verify, path, dpath = resolve_spec_models(model, pair, cache_dir, spec_kw)
     model_id = alias or model or Path(path).stem
     config = ServerConfig(
         model_id=model_id, model_path=path, api_keys=keys, metrics=metrics, slots=slots, chat_template=template,

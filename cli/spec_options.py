@@ -88,3 +88,23 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
     if p.has_synth() and p.types_are_default and not draft_model:
         raise UsageError("synthetic acceptance needs a drafter: add --spec-type or --draft-model")
     return p, draft_model, verify
+
+
+def resolve_spec_models(model, pair, cache_dir, spec_kw: dict):
+    """``-m`` / ``--pair`` / ``-md`` and the speculative flags -> ``(spec, verify, target path, draft path)``,
+    with the models fetched on first use (shared by generate and serve)."""
+    from llamaspec.errors import UsageError
+
+    from ._common import resolve_model_arg
+
+    if pair is not None:
+        if model or spec_kw.get("draft_model"):
+            raise UsageError("--pair names both models: drop -m / -md, or drop --pair")
+        from llamaspec.models import load_registry
+
+        p = load_registry().pair(pair)
+        model, spec_kw["draft_model"] = p.target, p.draft
+    spec, draft_name, verify = build_spec_params(**spec_kw)
+    path = resolve_model_arg(model, cache_dir)
+    dpath = resolve_model_arg(draft_name, cache_dir) if draft_name else None
+    return spec, verify, path, dpath
