@@ -186,6 +186,16 @@ def _draft_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
     return DraftSimple(n_seq, dataclasses.replace(p.draft, reuse_kv=p.draft_reuse_kv()), ctx_tgt, ctx_dft)
 
 
+def _draft_mtp(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
+    from . import _llama as llama
+    from .drafters.mtp import DraftMTP
+
+    if ctx_dft is None or ctx_dft.params.ctx_type != llama.CONTEXT_TYPE_MTP:
+        raise UsageError("draft-mtp needs an MTP context on the target (a model with nextn layers, loaded with "
+                         "load_mtp) or on an MTP GGUF given with --draft-model (-md)")
+    return DraftMTP(n_seq, p.draft, ctx_tgt, ctx_dft)
+
+
 FACTORIES: dict[SpecType, Factory] = {
     SpecType.NGRAM_SIMPLE: _ngram_simple,
     SpecType.NGRAM_MAP_K: _ngram_map_k,
@@ -193,6 +203,7 @@ FACTORIES: dict[SpecType, Factory] = {
     SpecType.NGRAM_MOD: _ngram_mod,
     SpecType.NGRAM_CACHE: _ngram_cache,
     SpecType.DRAFT_SIMPLE: _draft_simple,
+    SpecType.DRAFT_MTP: _draft_mtp,
 }
 
 

@@ -26,7 +26,7 @@ from .chain import Chain, build_chain
 from .drafters.base import Drafter
 from ._llama.model import _is_int, check_offload
 from .errors import UsageError
-from .params import SpecParams
+from .params import SpecParams, SpecType
 from .probe import Level, can_seq_rm
 from .synth import conditional_probs, resolve_synth_rates
 
@@ -100,15 +100,19 @@ def build_parts(
     # the draft inherits the target's placement across GPUs; only its layer count is its own (as llama.cpp)
     placement = dict(main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split)
 
-    def own_model(m, ngl: int | None) -> llama.Model:
+    def own_model(m, ngl: int | None, load_mtp: bool = False) -> llama.Model:
         if isinstance(m, llama.Model):
             if ngl is not None or any(v is not None for v in placement.values()):
                 log.warning("%s is already loaded: the GPU offload settings do not apply to it", m.path.name)
             return m
-        return own(llama.Model(m, n_gpu_layers=ngl, **placement))
+        loaded = own(llama.Model(m, n_gpu_layers=ngl, load_mtp=load_mtp, **placement))
+        loaded.load_mtp = load_mtp  # draft-mtp checks it: MTP blocks that were not loaded abort llama.cpp
+        return loaded
 
+    # draft-mtp: the target (or the -md file) is loaded with its MTP blocks, the draft context is an MTP one
+    mtp = SpecType.DRAFT_MTP in spec.enabled()
     try:
-        model = own_model(target, n_gpu_layers)
+        model = own_model(target, n_gpu_layers, load_mtp=mtp)
         if model.arch in DRAFT_HEAD_ARCHS:
             raise UsageError(f"{model.path.name} is a {model.arch} draft head, not a standalone model: "
                              "use it as a draft for its target model")
@@ -130,7 +134,14 @@ def build_parts(
         if speculating and parts.tgt_level is Level.NO:
             log.warning("the target context has no memory to roll back (level NO): speculative decoding is off")
             speculating = False
-        if speculating and draft is not None:
+        if speculating and mtp:
+            from .drafters.mtp import mtp_context
+
+            if draft is not None:
+                parts.model_dft = own_model(draft, n_gpu_layers_draft, load_mtp=True)
+            common["n_threads"] = n_threads_draft or n_threads
+            parts.ctx_dft = own(mtp_context(parts.model_dft or model, ctx, n_parallel, common))
+        elif speculating and draft is not None:
             parts.model_dft = own_model(draft, n_gpu_layers_draft)
             if parts.model_dft.arch in DRAFT_HEAD_ARCHS:
                 raise UsageError(f"draft {parts.model_dft.path.name} is a {parts.model_dft.arch} head; its drafter "
