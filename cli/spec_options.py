@@ -83,8 +83,9 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
     apply_ngram_options(p, extra)
     if "draft-simple" in p.types and not draft_model:
         raise UsageError("--spec-type draft-simple needs a draft model: add --draft-model (-md) NAME|PATH")
-    if draft_model and not p.types_are_default and "draft-simple" not in p.types:
-        raise UsageError("--draft-model is given but --spec-type does not include draft-simple; add it or drop the draft model")
+    if draft_model and not p.types_are_default and not {"draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"} & set(p.types):
+        raise UsageError("--draft-model is given but --spec-type includes no drafter that uses it (draft-simple, draft-eagle3, "
+                         "draft-mtp, draft-dflash, draft-dspark); add one or drop the draft model")
     if p.has_synth() and p.types_are_default and not draft_model:
         raise UsageError("synthetic acceptance needs a drafter: add --spec-type or --draft-model")
     return p, draft_model, verify

@@ -57,7 +57,7 @@ def mtp_support(model: "llama.Model", *, loaded_with_mtp: bool | None = None) ->
     ``load_mtp`` attribute; False when it has none)."""
     name = model.path.name
     if model.arch not in MTP_ARCHS:
-        return f"{name} ({model.arch}) has no MTP graph in llama.cpp (MTP archs: {', '.join(sorted(MTP_ARCHS))})"
+        return f"{name} is a {model.arch} model: llama.cpp has no MTP (nextn) head for that architecture"
     if model.arch != "gemma4-assistant" and model.n_layer_nextn <= 0:
         return f"{name} ({model.arch}) has no nextn (MTP) layers"
     if model.arch in MTP_SINGLE_BLOCK and model.n_layer_nextn > 1:
@@ -303,3 +303,10 @@ def mtp_context(model: "llama.Model", ctx_tgt: llama.Context, n_parallel: int, c
     return llama.Context(model, llama.ContextParams(ctx_type=llama.CONTEXT_TYPE_MTP, n_rs_seq=0,
                                                     n_outputs_max=n_parallel, n_outputs_max_per_seq=1, **kw),
                          ctx_other=ctx_tgt)
+
+
+def infer_draft_types(draft) -> list[str]:
+    """The drafter a ``-md`` draft selects when no ``--spec-type`` is given (spec §1.1): ``draft-mtp`` for an MTP
+    GGUF (its last block has ``nextn.eh_proj``), else ``draft-simple``. ``draft`` is a path or a loaded model."""
+    path = getattr(draft, "path", draft)
+    return ["draft-mtp"] if gguf_is_mtp_draft(path) else ["draft-simple"]
