@@ -1,0 +1,257 @@
+"""draft-mtp (spec §4.4) and the llama-ext bindings it needs (spec §12.2), on the agreeing tiny MTP fixtures
+of :mod:`llamaspec.testing.tiny_mtp` (qwen35 with one nextn layer: RS / FULL target; mimo2 with two: chained
+heads on a PART target)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from llamaspec import _llama as L
+from llamaspec._llama import ext
+from llamaspec.engine import Engine
+from llamaspec.errors import UsageError
+from llamaspec.params import SpecParams
+from llamaspec.testing import tiny_mtp
+
+PROMPTS = ([1, 2, 3, 4], [9, 17, 33, 5, 40])
+N_PREDICT = 40
+
+
+@pytest.fixture(scope="module")
+def mtp_models(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("mtp")
+    out = tiny_mtp.make_all(d)
+    out["no-nextn"] = tiny_mtp.write_qwen35_mtp(d / "qwen35-plain.gguf", nextn=False)
+    return out
+
+
+def _spec(**draft) -> SpecParams:
+    sp = SpecParams()
+    sp.add_types("draft-mtp")
+    for k, v in draft.items():
+        setattr(sp.draft, k, v)
+    return sp
+
+
+def _run(path, spec, n_parallel=1, prompts=PROMPTS, **kw):
+    with Engine(path, spec=spec, n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1,
+                n_parallel=n_parallel, **kw) as eng:
+        res = eng.generate_many(list(prompts[:n_parallel] if n_parallel > 1 else prompts[:1]), n_predict=N_PREDICT,
+                                sampling=L.SamplingParams(temp=0.0))
+        return res, eng.tgt_level, eng.dft_level, eng.drafter_stats()
+
+
+_plain_cache: dict = {}
+
+
+def _plain(path, n_parallel):
+    key = (str(path), n_parallel)
+    if key not in _plain_cache:
+        res, *_ = _run(path, SpecParams(), n_parallel)
+        _plain_cache[key] = [r.tokens for r in res]
+    return _plain_cache[key]
+
+
+# -- bindings -------------------------------------------------------------------------------------------
+
+
+def test_ext_binds_every_staging_function():
+    assert ext.missing() == []
+    syms = ext.symbols()
+    assert set(syms) == set(ext.SPECS) and all(syms.values())
+    ext.require("draft-mtp")
+    ext.require("draft-eagle3")
+
+
+def test_ext_missing_function_is_a_clear_usage_error(monkeypatch):
+    monkeypatch.setitem(ext.SPECS, "llama_no_such_fn", (("llama_no_such_fn", "_Z16llama_no_such_fnv"), [], None))
+    assert "llama_no_such_fn" in ext.missing()
+    with pytest.raises(UsageError, match="llama_no_such_fn.*lacks it"):
+        ext.fn("llama_no_such_fn")
+    with pytest.raises(UsageError, match="draft-x needs llama_no_such_fn"):
+        ext.require("draft-x", ["llama_no_such_fn"])
+
+
+def test_ext_wrappers_guard_native_aborts(mtp_models):
+    m = L.Model(mtp_models["qwen35-mtp"], load_mtp=True)
+    try:
+        with L.Context(m, n_ctx=64, n_batch=16) as tgt, L.Context(m, n_ctx=64, n_batch=16, ctx_type=L.CONTEXT_TYPE_MTP) as dft:
+            with pytest.raises(UsageError, match="out of range"):
+                ext.set_embeddings_layer_inp(tgt, m.n_layer + 1)
+            with pytest.raises(UsageError, match="not extracted"):
+                ext.get_embeddings_layer_inp(tgt, 1, 1)
+            with pytest.raises(UsageError, match="nextn layer offset 1 out of range"):
+                ext.set_nextn_layer_offset(dft, 1)
+            with pytest.raises(UsageError, match="not enabled"):
+                ext.get_embeddings_nextn_ith(tgt, 0)
+            ext.set_embeddings_nextn(tgt, True, False)
+            ext.set_embeddings_layer_inp(tgt, 2)
+            tgt.decode([L.Row(t, i, 0, i == 3) for i, t in enumerate([1, 2, 3, 4])])
+            h = ext.get_embeddings_nextn(tgt, 4)
+            assert h.shape == (4, m.n_embd_out)
+            assert (ext.get_embeddings_nextn_ith(tgt, 2) == h[2]).all()
+            assert ext.get_embeddings_layer_inp(tgt, 2, 4).shape == (4, m.n_embd)
+            assert ext.get_ctx_other(dft) is None  # only gemma4-assistant keeps ctx_other (spec §4.4)
+            assert ext.get_tok_embd(m).shape == (m.vocab.n_tokens, m.n_embd)
+            assert ext.model_target_layer_ids(m) == [] and ext.dflash_selector_top_k(m) == 0
+    finally:
+        m.close()
+
+
+# -- fixtures -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,n_heads", [("qwen35-mtp", 1), ("mimo2-mtp2", 2)])
+def test_fixture_heads_agree_with_their_target(mtp_models, kind, n_heads):
+    a = tiny_mtp.agreement(mtp_models[kind], n=48)
+    assert len(a["heads"]) == n_heads
+    assert all(0.3 <= s <= 0.9 for s in a["heads"]), a
+    assert a["n_distinct"] >= 20, a  # not one token repeated (testing-notes §2)
+
+
+# -- greedy equality ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,n_parallel,n_rs_seq,level", [
+    ("qwen35-mtp", 1, None, "RS"),
+    ("qwen35-mtp", 2, None, "RS"),
+    ("qwen35-mtp", 1, 0, "FULL"),
+    ("qwen35-mtp", 2, 1, "RS"),  # drafts longer than n_rs_seq: checkpoints, restores and replays
+    ("mimo2-mtp2", 1, None, "PART"),
+    ("mimo2-mtp2", 2, None, "PART"),
+])
+def test_greedy_speculative_equals_plain(mtp_models, kind, n_parallel, n_rs_seq, level):
+    path = mtp_models[kind]
+    res, tgt_level, dft_level, dstats = _run(path, _spec(n_max=3), n_parallel, n_rs_seq=n_rs_seq)
+    assert tgt_level.name == level and dft_level.name == "PART"
+    assert [r.tokens for r in res] == _plain(path, n_parallel)
+    for r in res:
+        st = r.stats
+        assert len(r.tokens) == N_PREDICT
+        assert 0 < st.n_accepted < st.n_drafted  # accepted and rejected drafts both happen
+        assert st.n_drafted <= 3 * st.n_verif_steps
+    (d,) = dstats
+    assert d["type"] == "draft-mtp"
+    if kind == "mimo2-mtp2":  # chained heads: n_max clamped to the number of heads
+        assert max(r.stats.n_drafted / max(1, r.stats.n_verif_steps) for r in res) <= 2
+        assert len(d["n_acc_tokens_per_pos"]) <= 2
+    if n_rs_seq == 1:
+        assert sum(r.stats.n_restores for r in res) > 0
+
+
+def test_chained_heads_clamp_n_max(mtp_models):
+    with Engine(mtp_models["mimo2-mtp2"], spec=_spec(n_max=5), n_ctx=128, n_batch=32, n_threads=1) as eng:
+        assert eng.chain.impls[0].chain_heads and eng.chain.impls[0].n_max == 2
+    with Engine(mtp_models["qwen35-mtp"], spec=_spec(n_max=5), n_ctx=128, n_batch=32, n_threads=1) as eng:
+        assert not eng.chain.impls[0].chain_heads and eng.chain.impls[0].n_max == 5
+
+
+def test_md_mtp_gguf_selects_draft_mtp(mtp_models):
+    path = mtp_models["qwen35-mtp"]
+    with Engine(path, draft=path, n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1) as eng:
+        assert eng.spec.types == ["none", "draft-mtp"] and eng.chain.types == ["draft-mtp"]
+        r = eng.generate(PROMPTS[0], n_predict=N_PREDICT, sampling=L.SamplingParams(temp=0.0))
+    assert r.tokens == _plain(path, 1)[0] and r.stats.n_accepted > 0
+
+
+# -- errors ---------------------------------------------------------------------------------------------
+
+
+def test_incompatible_targets_get_one_line(mtp_models, tiny_model):
+    with pytest.raises(UsageError, match="no nextn"):
+        Engine(mtp_models["no-nextn"], spec=_spec(), n_ctx=64, n_threads=1)
+    with pytest.raises(UsageError, match="no MTP"):
+        Engine(tiny_model("llama"), spec=_spec(), n_ctx=64, n_threads=1)
+    with pytest.raises(UsageError, match="supports exactly one"):
+        Engine(_two_nextn_qwen35(mtp_models), spec=_spec(), n_ctx=64, n_threads=1)
+    m = L.Model(mtp_models["qwen35-mtp"])  # loaded without its nextn blocks
+    try:
+        with pytest.raises(UsageError, match="load_mtp=True"):
+            Engine(m, spec=_spec(), n_ctx=64, n_threads=1)
+    finally:
+        m.close()
+
+
+def _two_nextn_qwen35(mtp_models) -> Path:
+    from llamaspec.testing.tiny_models import write_model
+
+    p = mtp_models["qwen35-mtp"].parent / "qwen35-2nextn.gguf"
+    if not p.exists():
+        write_model("qwen35", p, n_nextn=2)
+    return p
+
+
+def test_cli_draft_mtp_without_md(mtp_models):
+    from click.testing import CliRunner
+
+    from cli.main import main as cli
+
+    r = CliRunner().invoke(cli, ["generate", "-m", str(mtp_models["qwen35-mtp"]), "--spec-type", "draft-mtp", "-n", "12",
+                                 "--temp", "0", "-t", "1", "hello"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["generate", "-m", str(mtp_models["no-nextn"]), "--spec-type", "draft-mtp", "-n", "4",
+                                 "hello"])
+    assert r.exit_code == 2 and "no nextn" in r.output and "Traceback" not in r.output
+
+
+# -- parity with native llama-server --------------------------------------------------------------------
+
+NATIVE = Path(__file__).resolve().parents[1] / "native" / "bin"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _server_completion(server: Path, model: Path, prompt: list[int], n_predict: int, n_max: int) -> dict:
+    port = _free_port()
+    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent / "lib"))
+    proc = subprocess.Popen(
+        [str(server), "-m", str(model), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max), "--port", str(port),
+         "-c", "256", "-b", "64", "-ub", "64", "-np", "1", "-t", "1", "-fa", "off", "-ctk", "f32", "-ctv", "f32",
+         "--no-warmup", "--temp", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except Exception:  # noqa: BLE001 - not up yet
+                if proc.poll() is not None:
+                    raise RuntimeError("llama-server exited: " + proc.stderr.read().decode(errors="replace")[-2000:])
+                time.sleep(0.2)
+        body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0, "cache_prompt": False,
+                           "return_tokens": True, "samplers": ["top_k"], "top_k": 1}).encode()
+        req = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+@pytest.mark.parametrize("kind", ["qwen35-mtp", "mimo2-mtp2"])
+def test_parity_with_llama_server(mtp_models, kind):
+    path = mtp_models[kind]
+    prompt = PROMPTS[0]
+    nat = _server_completion(NATIVE / "llama-server", path, prompt, N_PREDICT, 3)
+    res, *_ = _run(path, _spec(n_max=3), 1, prompts=(prompt,))
+    ours = res[0]
+    assert ours.tokens == nat["tokens"]
+    t = nat["timings"]
+    assert (ours.stats.n_drafted, ours.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
