@@ -161,6 +161,18 @@ def test_md_mtp_gguf_selects_draft_mtp(mtp_models):
     assert r.tokens == _plain(path, 1)[0] and r.stats.n_accepted > 0
 
 
+def test_separate_mtp_gguf_equals_the_built_in_head(mtp_models):
+    target = mtp_models["qwen35-mtp"]
+    head = tiny_mtp.write_qwen35_mtp(target.parent / "qwen35-mtp-head.gguf", mtp_only=True)
+    built_in, *_ = _run(target, _spec(n_max=3))
+    with Engine(target, draft=head, n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1) as eng:
+        assert eng.chain.types == ["draft-mtp"] and eng.model_dft is not eng.model
+        r = eng.generate(PROMPTS[0], n_predict=N_PREDICT, sampling=L.SamplingParams(temp=0.0))
+    b = built_in[0]
+    assert r.tokens == b.tokens
+    assert (r.stats.n_drafted, r.stats.n_accepted) == (b.stats.n_drafted, b.stats.n_accepted)
+
+
 # -- errors ---------------------------------------------------------------------------------------------
 
 

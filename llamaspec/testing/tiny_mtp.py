@@ -118,9 +118,12 @@ def _write(m: _Model, path: str | os.PathLike[str]) -> Path:
 def write_qwen35_mtp(
     path: str | os.PathLike[str], *, seed: int = 310, n_trunk: int = 4, nextn: bool = True, delta: float = 0.04,
     beta: float = 0.5, eh_noise: float = 0.05, head_noise: float = 2.5, scale: float = 1.0,
-    eos_token_id: int | None = None,
+    eos_token_id: int | None = None, mtp_only: bool = False,
 ) -> Path:
-    """qwen35 hybrid target with one nextn (MTP) layer that agrees with the target on part of the tokens."""
+    """qwen35 hybrid target with one nextn (MTP) layer that agrees with the target on part of the tokens.
+
+    ``mtp_only=True`` writes only the MTP head of the same model (no trunk blocks: a separate MTP GGUF for
+    ``-md``; its weights equal the built-in head's)."""
     n_nextn = 1 if nextn else 0
     m = _Model("qwen35", _QWEN35_DIMS, seed, 0.0, 1)
     _base(m, n_trunk + n_nextn, "qwen35-mtp", Vocab(eos_token_id=eos_token_id))
@@ -134,6 +137,9 @@ def write_qwen35_mtp(
             _scale(m, n, delta)
     if nextn:
         _nextn_head(m, rng, f"blk.{n_trunk}.", out, beta=beta, eh_noise=eh_noise, head_noise=head_noise)
+    if mtp_only:
+        trunk = tuple(f"blk.{i}." for i in range(n_trunk))
+        m.tensors = [(n, a) for n, a in m.tensors if not n.startswith(trunk)]
     return _write(m, path)
 
 
