@@ -247,9 +247,13 @@ class ProbeReport:
     vocab_compatible: bool | None = None
     cost_ratio: float | None = None
     recommendations: list[dict] = field(default_factory=list)
+    #: same-trunk draft heads: ``{"draft-mtp": {"supported": bool, "why": str | None}, ...}`` (issue 10)
+    heads: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d: dict = {"schema_version": SCHEMA_VERSION, "target": self.target.to_dict()}
+        if self.heads:
+            d["heads"] = self.heads
         if self.draft is not None:
             d["draft"] = self.draft.to_dict()
             d["vocab"] = {"compatible": self.vocab_compatible, "rules": self.vocab}
@@ -311,6 +315,7 @@ def probe(target: llama.Model, draft: llama.Model | None = None, *, measure: boo
         rep.vocab_compatible = is_compatible(rules)
         if rep.target.verify_cost_ms and rep.draft.verify_cost_ms:
             rep.cost_ratio = rep.draft.verify_cost_ms[1] / rep.target.verify_cost_ms[1]
+    rep.heads.update(heads_report(target, draft))
     curve = rep.target.verify_cost_ms
     if curve:
         drafters = [("ngram", 0.0)]
@@ -322,3 +327,14 @@ def probe(target: llama.Model, draft: llama.Model | None = None, *, measure: boo
                 rep.recommendations.append({"drafter": kind, "cost_ratio": round(c, 4), "acceptance": a,
                                             "n_max": k, "expected_speedup": round(s, 3)})
     return rep
+
+
+def heads_report(target: llama.Model, draft: llama.Model | None = None) -> dict:
+    """Whether each same-trunk head drafter can run on this target (/ draft) pair, and why not."""
+    from .drafters.mtp import mtp_support
+
+    out: dict = {}
+    # draft-mtp: an MTP -md file carries the head, else the target's own nextn layers (loaded with load_mtp)
+    why = mtp_support(draft if draft is not None and draft.n_layer_nextn > 0 else target, loaded_with_mtp=True)
+    out["draft-mtp"] = {"supported": why is None, "why": why}
+    return out

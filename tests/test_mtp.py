@@ -267,3 +267,12 @@ def test_parity_with_llama_server(mtp_models, kind):
     assert ours.tokens == nat["tokens"]
     t = nat["timings"]
     assert (ours.stats.n_drafted, ours.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
+
+
+def test_probe_reports_draft_mtp_support(mtp_models):
+    from llamaspec.probe import probe
+
+    for kind, ok, why in (("qwen35-mtp", True, None), ("mimo2-mtp2", True, None), ("no-nextn", False, "no nextn")):
+        with L.Model(mtp_models[kind]) as m:
+            h = probe(m, measure=False).to_dict()["heads"]["draft-mtp"]
+        assert h["supported"] is ok and (why is None or why in h["why"])
