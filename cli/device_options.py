@@ -1,4 +1,4 @@
-"""GPU-offload and thread flags with llama.cpp's names, shared by generate / probe / bench.
+"""GPU-offload, RPC and thread flags with llama.cpp's names, shared by generate / probe / bench / serve.
 
 The flags take strings and are parsed and checked in the command body (:func:`pop_device_options`), so a
 bad value is one :class:`~llamaspec.errors.UsageError` line (exit code 2), like every other usage error.
@@ -11,11 +11,12 @@ import click
 
 #: the keyword names the options fill in, in order
 KEYS = ("n_gpu_layers", "n_gpu_layers_draft", "main_gpu", "split_mode", "tensor_split", "threads", "threads_batch",
-        "threads_draft")
+        "threads_draft", "rpc", "rpc_draft")
 
 
 def device_options(*, bench: bool = False):
-    """Decorator adding ``-ngl -ngld -mg -sm -ts -t -tb -td``. ``bench``: the benchmark's defaults (CPU)."""
+    """Decorator adding ``-ngl -ngld -mg -sm -ts -t -tb -td --rpc --rpc-draft``. ``bench``: the benchmark's
+    defaults (CPU)."""
     if bench:
         ngl_default = "0: every engine on the CPU"
         ngld_default = "same as -ngl"
@@ -40,6 +41,12 @@ def device_options(*, bench: bool = False):
                      help="CPU threads for batch and prompt processing (default: same as -t)."),
         click.option("-td", "--threads-draft", "threads_draft", metavar="N", default=None,
                      help="CPU threads for the draft model's generation (default: same as -t)."),
+        click.option("--rpc", "rpc", metavar="HOST:PORT[,...]", default=None,
+                     help="llama.cpp RPC servers (ggml-rpc-server) holding the target's offloaded layers, split "
+                          "by -ts in this order (needs llama.cpp built with --rpc, see README)."),
+        click.option("--rpc-draft", "rpc_draft", metavar="HOST:PORT[,...]", default=None,
+                     help="RPC servers for the draft model (default: none, the draft runs locally next to "
+                          "the speculative loop)."),
     ]
 
     def deco(f):
@@ -85,6 +92,7 @@ def parse_tensor_split(v: str | None) -> list[float] | None:
 def pop_device_options(kw: dict) -> dict:
     """Take the device flags out of ``kw`` (the command's keyword arguments), parse and check them:
     :class:`~llamaspec.engine.Engine` keyword arguments (None = llama.cpp's default)."""
+    from llamaspec._llama.rpc import parse_servers
     from llamaspec.contexts import check_device_params
 
     raw = {k: kw.pop(k, None) for k in KEYS}
@@ -97,6 +105,8 @@ def pop_device_options(kw: dict) -> dict:
         "n_threads": _int("-t", raw["threads"]),
         "n_threads_batch": _int("-tb", raw["threads_batch"]),
         "n_threads_draft": _int("-td", raw["threads_draft"]),
+        "rpc_servers": parse_servers(raw["rpc"], flag="--rpc"),
+        "rpc_servers_draft": parse_servers(raw["rpc_draft"], flag="--rpc-draft"),
     }
     check_device_params(**out)
     return out

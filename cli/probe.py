@@ -32,22 +32,42 @@ def probe(target, draft, as_json, no_bench, n_rs_seq, checkpoint_tokens, cache_d
     placement = {k: dev[k] for k in ("main_gpu", "split_mode", "tensor_split")}  # the draft shares the target's
     tpath = resolve_model_arg(target, cache_dir)
     dpath = resolve_model_arg(draft, cache_dir) if draft else None
-    with llama.Model(tpath, n_gpu_layers=dev["n_gpu_layers"], **placement) as tm:
-        dm = llama.Model(dpath, n_gpu_layers=dev["n_gpu_layers_draft"], **placement) if dpath else None
+    with llama.Model(tpath, n_gpu_layers=dev["n_gpu_layers"], rpc_servers=dev["rpc_servers"], **placement) as tm:
+        dm = (llama.Model(dpath, n_gpu_layers=dev["n_gpu_layers_draft"], rpc_servers=dev["rpc_servers_draft"], **placement)
+              if dpath else None)
         try:
             if not as_json:
                 err_console.print(f"[dim]probing {tm.path.name}{' and ' + dm.path.name if dm else ''}...[/]")
             rep = run_probe(tm, dm, measure=not no_bench, n_rs_seq=n_rs_seq, n_threads=dev["n_threads"],
                             n_threads_batch=dev["n_threads_batch"], n_threads_draft=dev["n_threads_draft"],
                             checkpoint_tokens=checkpoint_tokens)
+            rpc = _rpc_report(tm, dm)  # after the measurements: the servers' free memory with the models loaded
         finally:
             if dm is not None:
                 dm.close()
     d = rep.to_dict()
+    if rpc:
+        d["rpc"] = rpc
     if as_json:
         sys.stdout.write(json.dumps(d, indent=2) + "\n")
         return
     render(d)
+
+
+def _rpc_report(tm, dm) -> list[dict]:
+    """One entry per RPC device the target / draft were loaded on: server, device, its memory (``--rpc``)."""
+    out: list[dict] = []
+    seen: dict[int, dict] = {}
+    for role, m in (("target", tm), ("draft", dm)):
+        for dev in (m.rpc_devices if m is not None else ()):
+            if dev.ptr in seen:
+                seen[dev.ptr]["models"].append(role)
+                continue
+            e = dev.as_dict()
+            e["models"] = [role]
+            seen[dev.ptr] = e
+            out.append(e)
+    return out
 
 
 def _mb(n: int | None) -> str:
@@ -83,6 +103,14 @@ def render(d: dict) -> None:
     for label, f in rows:
         t.add_row(label, *[f(m) for _, m in models])
     con.print(t)
+    if d.get("rpc"):
+        rt = Table(title="RPC devices (the verify costs above include the network round trips)")
+        for c in ("server", "device", "description", "free", "total", "holds"):
+            rt.add_column(c)
+        for e in d["rpc"]:
+            rt.add_row(e["endpoint"], e["name"], e["description"], f"{e['memory_free'] / 2**20:.0f} MiB",
+                       f"{e['memory_total'] / 2**20:.0f} MiB", ", ".join(e["models"]))
+        con.print(rt)
     if "draft" in d:
         v = d["vocab"]
         vt = Table(title=f"Vocabulary compatibility (spec §11): {'[green]compatible[/]' if v['compatible'] else '[red]incompatible[/]'}")

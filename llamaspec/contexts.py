@@ -38,9 +38,12 @@ DRAFT_HEAD_ARCHS = ("eagle3", "dflash")
 def check_device_params(*, n_gpu_layers: int | None = None, n_gpu_layers_draft: int | None = None,
                         main_gpu: int | None = None, split_mode: str | None = None,
                         tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
-                        n_threads_batch: int | None = None, n_threads_draft: int | None = None) -> None:
-    """Validate an Engine's GPU-offload and thread settings (None = llama.cpp's default): one
+                        n_threads_batch: int | None = None, n_threads_draft: int | None = None,
+                        rpc_servers=None, rpc_servers_draft=None) -> None:
+    """Validate an Engine's GPU-offload, RPC and thread settings (None = llama.cpp's default): one
     :class:`UsageError` line naming the argument and its CLI flag."""
+    llama.rpc.parse_servers(rpc_servers or None, flag="rpc_servers (--rpc)")
+    llama.rpc.parse_servers(rpc_servers_draft or None, flag="rpc_servers_draft (--rpc-draft)")
     for name, flag, v in (("n_threads", "-t", n_threads), ("n_threads_batch", "-tb", n_threads_batch),
                           ("n_threads_draft", "-td", n_threads_draft)):
         if v is not None and (not _is_int(v) or v < 1):
@@ -87,10 +90,13 @@ def build_parts(
     main_gpu: int | None = None,
     split_mode: str | None = None,
     tensor_split: Sequence[float] | None = None,
+    rpc_servers: Sequence[str] | None = None,
+    rpc_servers_draft: Sequence[str] | None = None,
 ) -> EngineParts:
     check_device_params(n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, main_gpu=main_gpu,
                         split_mode=split_mode, tensor_split=tensor_split, n_threads=n_threads,
-                        n_threads_batch=n_threads_batch, n_threads_draft=n_threads_draft)
+                        n_threads_batch=n_threads_batch, n_threads_draft=n_threads_draft,
+                        rpc_servers=rpc_servers, rpc_servers_draft=rpc_servers_draft)
     owned: list = []
 
     def own(obj):
@@ -100,19 +106,20 @@ def build_parts(
     # the draft inherits the target's placement across GPUs; only its layer count is its own (as llama.cpp)
     placement = dict(main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split)
 
-    def own_model(m, ngl: int | None, load_mtp: bool = False) -> llama.Model:
+    def own_model(m, ngl: int | None, rpc_servers=None, load_mtp: bool = False) -> llama.Model:
         if isinstance(m, llama.Model):
-            if ngl is not None or any(v is not None for v in placement.values()):
-                log.warning("%s is already loaded: the GPU offload settings do not apply to it", m.path.name)
+            if ngl is not None or rpc_servers or any(v is not None for v in placement.values()):
+                log.warning("%s is already loaded: the GPU offload / RPC settings do not apply to it", m.path.name)
             return m
-        loaded = own(llama.Model(m, n_gpu_layers=ngl, load_mtp=load_mtp, **placement))
+        # RPC servers (the target's, and separately the draft's: local by default) carry the offloaded layers
+        loaded = own(llama.Model(m, n_gpu_layers=ngl, rpc_servers=rpc_servers or None, load_mtp=load_mtp, **placement))
         loaded.load_mtp = load_mtp  # draft-mtp checks it: MTP blocks that were not loaded abort llama.cpp
         return loaded
 
     # draft-mtp: the target (or the -md file) is loaded with its MTP blocks, the draft context is an MTP one
     mtp = SpecType.DRAFT_MTP in spec.enabled()
     try:
-        model = own_model(target, n_gpu_layers, load_mtp=mtp)
+        model = own_model(target, n_gpu_layers, rpc_servers, load_mtp=mtp)
         if model.arch in DRAFT_HEAD_ARCHS:
             raise UsageError(f"{model.path.name} is a {model.arch} draft head, not a standalone model: "
                              "use it as a draft for its target model")
@@ -138,11 +145,11 @@ def build_parts(
             from .drafters.mtp import mtp_context
 
             if draft is not None:
-                parts.model_dft = own_model(draft, n_gpu_layers_draft, load_mtp=True)
+                parts.model_dft = own_model(draft, n_gpu_layers_draft, rpc_servers_draft, load_mtp=True)
             common["n_threads"] = n_threads_draft or n_threads
             parts.ctx_dft = own(mtp_context(parts.model_dft or model, ctx, n_parallel, common))
         elif speculating and draft is not None:
-            parts.model_dft = own_model(draft, n_gpu_layers_draft)
+            parts.model_dft = own_model(draft, n_gpu_layers_draft, rpc_servers_draft)
             if parts.model_dft.arch in DRAFT_HEAD_ARCHS:
                 raise UsageError(f"draft {parts.model_dft.path.name} is a {parts.model_dft.arch} head; its drafter "
                                  f"(draft-{parts.model_dft.arch}) is not implemented yet in llamaspec: use a small "

@@ -83,6 +83,8 @@ class Engine(Scheduler, SpeculativeRound):
         split_mode: str | None = None,
         tensor_split: "Sequence[float] | None" = None,
         cache_prompt: bool = False,
+        rpc_servers: "Sequence[str] | str | None" = None,
+        rpc_servers_draft: "Sequence[str] | str | None" = None,
     ):
         """``drafters``: your own :class:`~llamaspec.drafters.base.Drafter` objects, in priority order, used
         instead of the chain that ``spec`` describes (their ``n_seq`` must equal ``n_parallel``).
@@ -97,6 +99,13 @@ class Engine(Scheduler, SpeculativeRound):
         * ``n_threads`` (``-t``, default: all available cores), ``n_threads_batch`` (``-tb``, default
           ``n_threads``); ``n_threads_draft`` (``-td``, default ``n_threads``) for the draft's generation, whose
           batch threads follow ``n_threads_batch`` (as llama.cpp's ``-tbd`` default).
+
+        * ``rpc_servers`` (``--rpc``): ``"host:port"`` list (or one comma-separated string) of llama.cpp RPC
+          servers (``ggml-rpc-server``) that hold the target's offloaded layers, split by ``tensor_split`` in
+          the order given; ``rpc_servers_draft`` (``--rpc-draft``) the same for the draft, which stays local
+          by default. Needs a llama.cpp built with RPC (:mod:`llamaspec._llama.rpc`). A server that fails
+          mid-generation fails the requests with one :class:`~llamaspec.errors.RpcError` line; the engine
+          then refuses new work and the process needs a restart to use RPC again.
 
         The offload settings apply to models this engine loads from a path: a ``target`` or ``draft`` passed
         as an already loaded :class:`~llamaspec._llama.Model` keeps its own placement (load it with
@@ -130,7 +139,7 @@ class Engine(Scheduler, SpeculativeRound):
                             flash_attn=flash_attn, kv_f32=kv_f32, n_rs_seq=n_rs_seq,
                             n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers,
                             n_gpu_layers_draft=n_gpu_layers_draft, main_gpu=main_gpu, split_mode=split_mode,
-                            tensor_split=tensor_split)
+                            tensor_split=tensor_split, rpc_servers=rpc_servers, rpc_servers_draft=rpc_servers_draft)
         self._owned = parts.owned
         self.model, self.ctx, self.tgt_level = parts.model, parts.ctx, parts.tgt_level
         self.model_dft, self.ctx_dft, self.dft_level = parts.model_dft, parts.ctx_dft, parts.dft_level

@@ -72,3 +72,7 @@ class EngineClosedError(LlamaSpecError):
 
 class RequestError(LlamaSpecError):
     """A request finished with an error (its message says which); the engine and other requests go on."""
+
+
+class RpcError(LlamaSpecError):
+    """An RPC server (llama.cpp's ggml-rpc-server) is unreachable, speaks another protocol, or failed."""

@@ -10,6 +10,7 @@ raises :class:`~llamaspec.errors.LlamaSpecError` instead of handing a NULL point
 * :mod:`.context` - :class:`Context`, :class:`Row`, :class:`Memory`, :func:`output_limits`, :func:`chunks`
 * :mod:`.sampler` - :class:`SamplingParams`, :class:`Sampler`
 * :mod:`.staging` - the staging (``llama-ext.h``) symbols, bound by exported name
+* :mod:`.rpc` - llama.cpp's RPC backend (``ggml-rpc-server`` devices for model loading), bound by name
 
 Callers use the package as one namespace (``from llamaspec import _llama as llama; llama.Context(...)``). Chat
 templates are rendered by :mod:`llamaspec.chat`.
@@ -37,6 +38,7 @@ from .log import LLAMA_CPP_PYTHON_VERSION, backend_init, system_info
 from .model import TOKEN_NULL, Model, Vocab, render_builtin_chat_template
 from .sampler import DEFAULT_SEED, Candidates, Sampler, SamplingParams
 from .staging import model_target_layer_ids, staging
+from . import rpc
 
 __all__ = [
     "CONTEXT_TYPE_DEFAULT",
@@ -65,6 +67,7 @@ __all__ = [
     "model_target_layer_ids",
     "output_limits",
     "render_builtin_chat_template",
+    "rpc",
     "staging",
     "system_info",
 ]

@@ -17,6 +17,7 @@ import numpy as np
 from llama_cpp import llama_cpp as native
 
 from ..errors import ContextError, DecodeError, LlamaSpecError, OutputLimitError, StateError, UsageError
+from . import rpc
 from .log import _forget_native_errors, _last_native_error, backend_init
 from .model import Model, _Owned
 
@@ -47,6 +48,13 @@ def chunks(seq: _SeqT, size: int) -> Iterator[_SeqT]:
     if size < 1:
         raise ValueError(f"chunk size must be >= 1, got {size}")
     return (seq[i : i + size] for i in range(0, len(seq), size))
+
+
+def _process_sync(ptr, kind, batch) -> int:
+    rc = native.llama_process(ptr, kind, batch)
+    if rc == 0:
+        native.llama_synchronize(ptr)
+    return rc
 
 
 @dataclass
@@ -100,6 +108,7 @@ class Context(_Owned):
 
     def __init__(self, model: Model, params: ContextParams | None = None, *, ctx_other: "Context | None" = None, **kw):
         self.ptr = None
+        self._rpc = False
         backend_init()
         p = params or ContextParams()
         for k, v in kw.items():
@@ -146,9 +155,19 @@ class Context(_Owned):
                 "raise n_outputs_max (see output_limits())"
             )
         model_ptr = model.live_ptr()
+        #: the model is on RPC servers: native calls that reach them run guarded (see _llama.rpc)
+        self._rpc = bool(getattr(model, "rpc_servers", ()))
         model._acquire()  # the native model must outlive this context (see _llama.model)
         _forget_native_errors()
-        ptr = native.llama_init_from_model(model_ptr, cp)
+        try:
+            if self._rpc:
+                ptr = rpc.call(native.llama_init_from_model, model_ptr, cp,
+                               what=f"creating a context on {model.path.name}")
+            else:
+                ptr = native.llama_init_from_model(model_ptr, cp)
+        except BaseException:
+            model._release()
+            raise
         if not ptr:
             model._release()
             why = _last_native_error("llama.cpp returned no context")
@@ -239,7 +258,10 @@ class Context(_Owned):
             set_pos(b, idx, pos)
             if r.output:
                 set_out(b, idx, True)
-        rc = native.llama_process(ptr, kind, b)
+        if self._rpc:  # process + synchronize on the RPC worker: the outputs are on the host when it returns
+            rc = rpc.call(_process_sync, ptr, kind, b, what="a decode", timeout=rpc.DECODE_TIMEOUT_S)
+        else:
+            rc = native.llama_process(ptr, kind, b)
         self.n_decodes += 1
         if rc != 0:
             why = _last_native_error("")
@@ -289,7 +311,16 @@ class Context(_Owned):
         return p
 
     def synchronize(self) -> None:
-        native.llama_synchronize(self.live_ptr())
+        if self._rpc:
+            rpc.call(native.llama_synchronize, self.live_ptr(), what="a synchronize", timeout=rpc.DECODE_TIMEOUT_S)
+        else:
+            native.llama_synchronize(self.live_ptr())
+
+    def _native(self, fn, *args, what: str):
+        """``fn(*args)``, on the RPC worker when the model is on RPC servers (state save/load reach them)."""
+        if self._rpc:
+            return rpc.call(fn, *args, what=what, timeout=rpc.DECODE_TIMEOUT_S)
+        return fn(*args)
 
     def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
         native.llama_set_n_threads(self.live_ptr(), n_threads, n_threads_batch or n_threads)
@@ -301,7 +332,8 @@ class Context(_Owned):
     def state_seq_get(self, seq_id: int, flags: int = STATE_FLAGS_NONE) -> bytes:
         size = self.state_seq_size(seq_id, flags)
         buf = (ctypes.c_uint8 * max(size, 1))()
-        got = int(native.llama_state_seq_get_data_ext(self.live_ptr(), buf, size, seq_id, flags))
+        got = int(self._native(native.llama_state_seq_get_data_ext, self.live_ptr(), buf, size, seq_id, flags,
+                               what="a state save"))
         if got != size:
             raise StateError(f"state save of seq {seq_id} wrote {got} bytes, expected {size}")
         return bytes(memoryview(buf)[:size])
@@ -311,7 +343,8 @@ class Context(_Owned):
         if not data:
             return
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        got = int(native.llama_state_seq_set_data_ext(ptr, buf, len(data), seq_id, flags))
+        got = int(self._native(native.llama_state_seq_set_data_ext, ptr, buf, len(data), seq_id, flags,
+                               what="a state load"))
         if got != len(data):
             raise StateError(f"state load into seq {seq_id} read {got} of {len(data)} bytes (state does not match this context)")
 
@@ -321,6 +354,8 @@ class Context(_Owned):
         ptr = self.ptr
         if not ptr:
             raise LlamaSpecError(f"context on {self.model.path.name} is closed")
+        if self._rpc:  # after an RPC failure even reading logits would wait on the dead connection
+            rpc.check_alive()
         return ptr
 
     def close(self) -> None:
@@ -332,7 +367,10 @@ class Context(_Owned):
         if ptr:
             self.ptr = None
             self._mem = None
-            native.llama_free(ptr)
+            if getattr(self, "_rpc", False):
+                rpc.call_or_leak(native.llama_free, ptr, what=f"freeing a context on {self.model.path.name}")
+            else:
+                native.llama_free(ptr)
         if getattr(self, "_holds_model", False):
             self._holds_model = False
             self.model._release()
@@ -367,7 +405,11 @@ class Memory:
         return int(native.llama_memory_seq_pos_max(self.ptr, seq_id))
 
     def clear(self, data: bool = True) -> None:
-        native.llama_memory_clear(self.ptr, data)
+        ctx = self._ctx_ref()
+        if data and ctx is not None and ctx._rpc:  # clearing the data clears buffers on the servers
+            rpc.call(native.llama_memory_clear, self.ptr, data, what="a memory clear", timeout=rpc.DECODE_TIMEOUT_S)
+        else:
+            native.llama_memory_clear(self.ptr, data)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Sequence
 from llama_cpp import llama_cpp as native
 
 from ..errors import LlamaSpecError, ModelFormatError, UsageError
+from . import rpc
 from .log import _forget_native_errors, _last_native_error, backend_init
 
 TOKEN_NULL = -1
@@ -275,8 +276,11 @@ class Model(_Owned):
         main_gpu: int | None = None,
         split_mode: str | None = None,
         tensor_split: Sequence[float] | None = None,
+        rpc_servers: "Sequence[str] | str | None" = None,
     ):
-        """Load ``path``. GPU offload (None = llama.cpp's default, see :func:`check_offload`):
+        """Load ``path``. ``rpc_servers`` (``host:port`` list, see :mod:`.rpc`): the model's offloaded layers
+        go to the devices of these llama.cpp RPC servers (then to local GPUs), split by ``tensor_split`` in
+        that order; without it the model uses llama.cpp's local device choice. GPU offload (None = llama.cpp's default, see :func:`check_offload`):
         ``n_gpu_layers`` layers in VRAM (-1 = all, llama.cpp's default; ignored by a CPU-only build),
         ``split_mode`` (none, layer, row, tensor) and ``tensor_split`` (proportions per GPU) across several
         GPUs, ``main_gpu`` the GPU used with split mode none. The values are kept as attributes."""
@@ -284,10 +288,14 @@ class Model(_Owned):
         self._users = 0  # open contexts / grammar samplers that use the native model
         self._pending_free = None  # the native pointer, once closed while users remain
         self._lifetime_lock = threading.RLock()  # RLock: a finalizer may run while this thread holds it
+        self.rpc_servers: tuple[str, ...] = ()
         backend_init()
         self.path = Path(path)
         _check_gguf_magic(self.path)
         ts = check_offload(n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split)
+        servers = rpc.parse_servers(rpc_servers) if rpc_servers else ()  # None / [] = local
+        #: the RPC devices the model was loaded on (empty: local)
+        self.rpc_devices: tuple[rpc.Device, ...] = tuple(rpc.devices(servers)) if servers and not vocab_only else ()
         params = native.llama_model_default_params()
         if n_gpu_layers is not None:
             params.n_gpu_layers = n_gpu_layers
@@ -311,13 +319,23 @@ class Model(_Owned):
         params.vocab_only = vocab_only
         if hasattr(params, "load_mtp"):
             params.load_mtp = load_mtp
+        dev_buf = rpc.device_array(list(self.rpc_devices) + rpc.local_gpu_devices()) if self.rpc_devices else None
+        if dev_buf is not None:
+            params.devices = ctypes.cast(dev_buf, ctypes.c_void_p).value
         _forget_native_errors()
-        ptr = native.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
-        del ts_buf
+        if self.rpc_devices:  # over the network: on the RPC worker (a server that dies must not abort us)
+            ptr = rpc.call(native.llama_model_load_from_file, str(self.path).encode("utf-8"), params,
+                           what=f"loading {self.path.name}")
+        else:
+            ptr = native.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        del ts_buf, dev_buf
         if not ptr:
             why = _last_native_error("llama.cpp could not load it")
             raise ModelFormatError(f"failed to load model {self.path}: {why}")
         self.ptr = ptr
+        if self.rpc_devices:
+            self.rpc_servers = servers
+            rpc.acquire(servers)
         self.vocab = Vocab(self)
         self.arch: str = self.meta("general.architecture") or "unknown"
         self.name: str = self.meta("general.name") or self.path.stem
@@ -401,6 +419,13 @@ class Model(_Owned):
             if self._users == 0:
                 ptr, self._pending_free = self._pending_free, None
         if ptr:
+            self._free(ptr)
+
+    def _free(self, ptr) -> None:
+        if self.rpc_servers:  # freeing sends to the servers: guarded; left allocated when one failed
+            rpc.call_or_leak(native.llama_model_free, ptr, what=f"freeing {self.path.name}")
+            rpc.release(self.rpc_servers)
+        else:
             native.llama_model_free(ptr)
 
     def close(self) -> None:
@@ -413,7 +438,7 @@ class Model(_Owned):
             if ptr and self._users:
                 self._pending_free, ptr = ptr, None
         if ptr:
-            native.llama_model_free(ptr)
+            self._free(ptr)
 
     def __repr__(self) -> str:
         return f"Model({self.path.name!r}, arch={self.arch}, n_layer={self.n_layer}, n_embd={self.n_embd})"
