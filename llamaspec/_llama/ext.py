@@ -354,3 +354,20 @@ __all__ = [
     "set_nextn_layer_offset",
     "symbols",
 ]
+
+
+# -- DFlash / DSpark helpers (added by the EAGLE-3 / DFlash drafters; plain llama.h functions) ----------
+
+
+def set_causal_attn(ctx, causal: bool) -> None:
+    """``llama_set_causal_attn``: DFlash drafts run their block non-causally unless the head says otherwise."""
+    native.llama_set_causal_attn(_ptr(ctx), bool(causal))
+
+
+def vocab_mask(model) -> int:
+    """``llama_vocab_mask`` of ``model`` (GGUF ``tokenizer.ggml.mask_token_id``; -1 when unset)."""
+    vocab = model.vocab.ptr if hasattr(model, "vocab") else native.llama_model_get_vocab(_ptr(model))
+    return int(native.llama_vocab_mask(vocab))
+
+
+__all__ += ["set_causal_attn", "vocab_mask"]
