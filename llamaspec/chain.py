@@ -196,6 +196,30 @@ def _draft_mtp(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
     return DraftMTP(n_seq, p.draft, ctx_tgt, ctx_dft)
 
 
+def _head_ctx(name: str, ctx_dft):
+    if ctx_dft is None:
+        raise UsageError(f"{name} needs its head GGUF as the draft model: pass --draft-model (-md) PATH")
+    return ctx_dft
+
+
+def _draft_eagle3(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
+    from .drafters.eagle3 import Eagle3
+
+    return Eagle3(n_seq, p.draft, ctx_tgt, _head_ctx("draft-eagle3", ctx_dft))
+
+
+def _draft_dflash(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
+    from .drafters.dflash import DFlash
+
+    return DFlash(n_seq, p.draft, ctx_tgt, _head_ctx("draft-dflash", ctx_dft))
+
+
+def _draft_dspark(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
+    from .drafters.dflash import DFlash
+
+    return DFlash(n_seq, p.draft, ctx_tgt, _head_ctx("draft-dspark", ctx_dft), dspark=True)
+
+
 FACTORIES: dict[SpecType, Factory] = {
     SpecType.NGRAM_SIMPLE: _ngram_simple,
     SpecType.NGRAM_MAP_K: _ngram_map_k,
@@ -204,6 +228,9 @@ FACTORIES: dict[SpecType, Factory] = {
     SpecType.NGRAM_CACHE: _ngram_cache,
     SpecType.DRAFT_SIMPLE: _draft_simple,
     SpecType.DRAFT_MTP: _draft_mtp,
+    SpecType.DRAFT_EAGLE3: _draft_eagle3,
+    SpecType.DRAFT_DFLASH: _draft_dflash,
+    SpecType.DRAFT_DSPARK: _draft_dspark,
 }
 
 

@@ -1,0 +1,267 @@
+"""``draft-eagle3``: an EAGLE-3 head reading three target layers (spec §4.3).
+
+Convention: the head's decoder at position P consumes the pair (token at P+1, ``g_P``), where ``g_P`` is the
+encoder output (``fc``) of the target's hidden features at P (the inputs of the three ``target_layers``,
+concatenated). The last row of every target batch cannot be written yet, because its next token is not known:
+it is *deferred* (``pending_pos`` / ``pending_g`` per sequence) and written either as the first row of the
+next draft (``id_last`` at ``pending_pos``) or as the bridge row of the next processed batch.
+
+``process`` (after every target decode): encode the batch's features in chunks of the draft's ``n_ubatch``
+(placeholder positions on seq 0; the encoder has no memory), then decode one batch per call holding, per
+sequence, the bridge row (if the deferred row was never drafted from) and ``(token[k+1], pos[k], g[k])``
+for every row but the last. ``verify_g`` keeps the batch's ``g`` rows so that ``accept`` can move the
+deferred row to the last accepted position.
+
+``draft``: per drafting sequence, drop the draft memory from ``pending_pos`` on, decode ``(id_last,
+pending_pos, pending_g)``, then extend one token per step, feeding the draft's own pre-norm state (the
+``nextn`` output) back as the next ``g``. Tokens are the top candidate of ``top_k(10)`` over the draft
+logits (suppress tokens excluded); ``p_min`` stops a draft before a low-probability token; the length cap
+is the drafter's own ``n_max`` (the chain truncates to the request's cap), then ``n_min``.
+
+``get_state``/``set_state`` (prompt checkpoints, spec §7.6) carry ``pending_pos`` + ``pending_g`` and are
+active only for recurrent / hybrid targets.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Sequence
+
+import numpy as np
+
+from .. import _llama as llama
+from .._llama import ext
+from ..errors import DecodeError, UsageError
+from ..params import DraftModelParams
+from .base import DraftParams, Drafter
+from .draft_model import top_candidate
+
+log = logging.getLogger("llamaspec")
+
+#: target architectures whose graph exposes layer inputs (spec §12.1; llama.cpp asserts otherwise)
+LAYER_INP_ARCHS = frozenset({
+    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "muse-glimmer",
+    "deepseek4", "nemotron_h", "bailingmoe3", "gpt-oss", "lfm2", "minimax-01", "minimax-m2", "mimo2",
+    "nanbeige", "hunyuan_vl",
+})
+#: ... and those that also give layer id == n_layer (the final hidden state) as a layer input
+LAYER_INP_LAST_ARCHS = frozenset({"deepseek4", "mimo2", "nemotron_h"})
+#: target architectures with a nextn hidden output (EAGLE-3 ids == n_layer read it)
+NEXTN_ARCHS = frozenset({
+    "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "gemma4", "glm-dsa", "glm4moe",
+    "glm5-next", "hy-v3", "mimo2", "nemotron_h", "nemotron_h_moe", "gpt-oss", "qwen35", "qwen35moe",
+    "qwen3next", "step35",
+})
+
+
+def check_head_target(kind: str, model_tgt: "llama.Model", model_dft: "llama.Model", ids: Sequence[int],
+                      *, nextn_for_last: bool) -> None:
+    """One :class:`UsageError` line when the target cannot feed the head (never a native abort)."""
+    arch = model_tgt.arch
+    n_layer = model_tgt.n_layer
+    name = f"{kind} draft {model_dft.path.name}"
+    if arch not in LAYER_INP_ARCHS:
+        raise UsageError(
+            f"{name} reads target layer inputs, which the {arch} architecture of {model_tgt.path.name} does not "
+            f"expose (llama.cpp supports: {', '.join(sorted(LAYER_INP_ARCHS))})")
+    for lid in ids:
+        if lid < 0 or lid > n_layer:
+            raise UsageError(f"{name} reads target layer {lid}, but {model_tgt.path.name} has {n_layer} layers "
+                             f"(valid ids 0..{n_layer - 1}): the head was made for another target")
+        if lid == n_layer:
+            if nextn_for_last and arch not in NEXTN_ARCHS:
+                raise UsageError(f"{name} reads target layer {lid} = n_layer (the nextn hidden state), which the "
+                                 f"{arch} target {model_tgt.path.name} does not output: use a head made for this target")
+            if not nextn_for_last and arch not in LAYER_INP_LAST_ARCHS:
+                raise UsageError(f"{name} reads target layer {lid} = n_layer (the final hidden state), which the "
+                                 f"{arch} target {model_tgt.path.name} does not expose as a layer input "
+                                 "(llama.cpp would abort: 'layer input tensor is null'); use a head made for this target")
+
+
+class Eagle3(Drafter):
+    type = "draft-eagle3"
+
+    def __init__(self, n_seq: int, params: DraftModelParams, ctx_tgt: llama.Context, ctx_dft: llama.Context):
+        super().__init__(n_seq)
+        if params.n_max < 0:
+            raise UsageError(f"--spec-draft-n-max must be >= 0, got {params.n_max}")
+        m_tgt, m_dft = ctx_tgt.model, ctx_dft.model
+        if m_dft.arch != "eagle3":
+            raise UsageError(f"draft-eagle3 needs an EAGLE-3 head as draft (-md), {m_dft.path.name} is {m_dft.arch}")
+        ext.require("draft-eagle3")
+        ids = ext.model_target_layer_ids(m_dft)
+        if len(ids) != 3:
+            raise UsageError(f"draft model {m_dft.path.name} is not eagle3: it has {len(ids)} target layer ids, not 3")
+        check_head_target("EAGLE-3", m_tgt, m_dft, ids, nextn_for_last=True)
+        hidden = m_dft.meta("eagle3.target_hidden_size")
+        if hidden is not None and int(hidden) != m_tgt.n_embd:
+            raise UsageError(f"EAGLE-3 draft {m_dft.path.name} was made for a target with n_embd={hidden}, "
+                             f"{m_tgt.path.name} has {m_tgt.n_embd}: use the head made for this target")
+        if ctx_dft.n_seq_max != n_seq:
+            raise UsageError(f"draft context has n_seq_max={ctx_dft.n_seq_max}, the chain needs {n_seq}")
+        self.params = params
+        self.ctx_tgt, self.ctx_dft = ctx_tgt, ctx_dft
+        self.ids = list(ids)
+        self.n_layer_tgt = m_tgt.n_layer
+        self.n_embd_tgt = m_tgt.n_embd
+        self.n_embd_dec = m_dft.n_embd
+        self.n_embd_enc = 3 * self.n_embd_tgt
+        self.n_max = params.n_max
+        for lid in self.ids:
+            if lid < self.n_layer_tgt:
+                ext.set_embeddings_layer_inp(ctx_tgt, lid, True)
+            else:
+                ext.set_embeddings_nextn(ctx_tgt, True, masked=False)
+        ext.set_embeddings_nextn(ctx_dft, True, masked=True)
+        self.stateful = bool(m_tgt.is_recurrent or m_tgt.is_hybrid)
+        z = np.zeros(self.n_embd_dec, np.float32)
+        self.pending_g = [z.copy() for _ in range(n_seq)]
+        self.pending_pos = [-1] * n_seq
+        self.verify_g: list[np.ndarray | None] = [None] * n_seq
+        self.verify_pos_first = [-1] * n_seq
+        self.verify_rows = [0] * n_seq
+        sup = sorted(set(m_dft.vocab.suppress_tokens))
+        self._suppress = np.array(sup, dtype=np.int64) if sup else None
+
+    # -- features -------------------------------------------------------------------------------
+    def _features(self, n: int) -> np.ndarray:
+        parts = []
+        for lid in self.ids:
+            if lid < self.n_layer_tgt:
+                parts.append(ext.get_embeddings_layer_inp(self.ctx_tgt, lid, n, self.n_embd_tgt))
+            else:
+                parts.append(ext.get_embeddings_nextn(self.ctx_tgt, n, self.n_embd_tgt))
+        return np.concatenate(parts, axis=1)
+
+    def _encode(self, feats: np.ndarray) -> np.ndarray:
+        """``g`` rows of the draft encoder (fc) for ``feats``, in chunks of the draft's ``n_ubatch``."""
+        ctx = self.ctx_dft
+        n = feats.shape[0]
+        g = np.empty((n, self.n_embd_dec), np.float32)
+        step = max(1, min(ctx.n_ubatch, ctx.n_batch))
+        for i0 in range(0, n, step):
+            k = min(step, n - i0)
+            p0 = ctx.memory.pos_max(0) + 1
+            rows = [llama.Row(None, p0 + j, 0, True, embd=feats[i0 + j]) for j in range(k)]
+            ctx.decode(rows, kind=llama.PROCESS_ENCODE)
+            g[i0:i0 + k] = ext.get_embeddings_nextn(ctx, k, self.n_embd_dec)
+        return g
+
+    # -- protocol -------------------------------------------------------------------------------
+    def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
+        pm = self.ctx_dft.memory.pos_max(seq_id)
+        if pm < len(prompt) - 2:
+            log.warning("draft-eagle3: the draft context of seq %d holds positions up to %d, the prompt has %d tokens "
+                        "(was every target batch passed to process?)", seq_id, pm, len(prompt))
+
+    def reset(self, seq_id: int) -> None:
+        self.pending_pos[seq_id] = -1
+        self.pending_g[seq_id] = np.zeros(self.n_embd_dec, np.float32)
+        self.verify_rows[seq_id] = 0
+        self.verify_g[seq_id] = None
+        self.verify_pos_first[seq_id] = -1
+
+    def process(self, rows: Sequence[llama.Row]) -> bool:
+        if not rows or rows[0].token is None or rows[0].embd is not None:
+            return True
+        n = len(rows)
+        spans: dict[int, list[int]] = {}
+        for i, r in enumerate(rows):
+            sp = spans.get(r.seq_id)
+            if sp is None:
+                spans[r.seq_id] = [i, i]
+            else:
+                sp[1] = i
+        try:
+            g = self._encode(self._features(n))
+        except (DecodeError, UsageError) as e:
+            log.error("draft-eagle3: encoding the target features failed: %s", e)
+            return False
+        mem = self.ctx_dft.memory
+        out: list[llama.Row] = []
+        for seq, (beg, end) in spans.items():
+            pp = self.pending_pos[seq]
+            if pp >= 0 and pp + 1 == rows[beg].pos and pp > mem.pos_max(seq):
+                out.append(llama.Row(rows[beg].token, pp, seq, False, embd=self.pending_g[seq]))
+            for k in range(beg, end):
+                out.append(llama.Row(rows[k + 1].token, rows[k].pos, seq, False, embd=g[k]))
+            self.verify_pos_first[seq] = rows[beg].pos
+            self.pending_pos[seq] = rows[end].pos
+            self.verify_rows[seq] = end - beg + 1
+            self.verify_g[seq] = g[beg:end + 1].copy()
+            self.pending_g[seq] = g[end].copy()
+        try:
+            for chunk in llama.chunks(out, self.ctx_dft.n_batch):
+                self.ctx_dft.decode(chunk)
+        except DecodeError as e:
+            log.error("draft-eagle3: decoding the target batch into the draft context failed: %s", e)
+            return False
+        return True
+
+    def _p_min(self, dp: DraftParams) -> float:
+        return self.params.p_min if dp.p_min is None else dp.p_min
+
+    def draft(self, params: Sequence[DraftParams]) -> None:
+        ctx = self.ctx_dft
+        requested = [s for s, dp in enumerate(params) if dp.drafting]
+        active = [s for s in requested if self.pending_pos[s] >= 0]
+        if not active:
+            return
+        rows = []
+        for s in active:
+            if not ctx.memory.seq_rm(s, self.pending_pos[s], -1):
+                log.warning("draft-eagle3: could not trim the draft context of seq %d at %d", s, self.pending_pos[s])
+            rows.append(llama.Row(params[s].id_last, self.pending_pos[s], s, True, embd=self.pending_g[s]))
+        try:
+            ctx.decode(rows)
+        except DecodeError as e:
+            log.warning("draft-eagle3: draft decode failed: %s", e)
+            return
+        i = 0
+        while True:
+            next_rows: list[llama.Row] = []
+            next_active: list[int] = []
+            for k, s in enumerate(active):
+                dp = params[s]
+                p_min = self._p_min(dp)
+                tok, p = top_candidate(ctx.logits(k), p_min > 0.0, self._suppress)
+                prenorm = ext.get_embeddings_nextn_ith(ctx, k, self.n_embd_dec)
+                if p < p_min:
+                    continue
+                dp.result.append(tok)
+                if len(dp.result) >= self.n_max:
+                    continue
+                next_rows.append(llama.Row(tok, self.pending_pos[s] + i + 1, s, True, embd=prenorm))
+                next_active.append(s)
+            if not next_rows:
+                break
+            try:
+                ctx.decode(next_rows)
+            except DecodeError as e:
+                log.warning("draft-eagle3: draft decode failed: %s", e)
+                break
+            active = next_active
+            i += 1
+        for s in requested:
+            dp = params[s]
+            n_min = self.params.n_min if dp.n_min is None else dp.n_min
+            if n_min > 0 and len(dp.result) < n_min:
+                dp.result.clear()
+
+    def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
+        rows = self.verify_rows[seq_id]
+        if rows > 0 and self.verify_g[seq_id] is not None:
+            i = min(n_accepted, rows - 1)
+            self.pending_pos[seq_id] = self.verify_pos_first[seq_id] + i
+            self.pending_g[seq_id] = self.verify_g[seq_id][i].copy()
+
+    def get_state(self, seq_id: int) -> bytes | None:
+        if not self.stateful or self.pending_pos[seq_id] < 0:
+            return None
+        return struct.pack("<i", self.pending_pos[seq_id]) + self.pending_g[seq_id].astype("<f4").tobytes()
+
+    def set_state(self, seq_id: int, data: bytes) -> None:
+        if not self.stateful or len(data) != 4 + 4 * self.n_embd_dec:
+            return
+        self.pending_pos[seq_id] = struct.unpack("<i", data[:4])[0]
+        self.pending_g[seq_id] = np.frombuffer(data[4:], dtype="<f4").astype(np.float32)
