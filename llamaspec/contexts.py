@@ -150,14 +150,19 @@ def build_parts(
             parts.ctx_dft = own(mtp_context(parts.model_dft or model, ctx, n_parallel, common))
         elif speculating and draft is not None:
             parts.model_dft = own_model(draft, n_gpu_layers_draft, rpc_servers_draft)
-            if parts.model_dft.arch in DRAFT_HEAD_ARCHS:
-                raise UsageError(f"draft {parts.model_dft.path.name} is a {parts.model_dft.arch} head; its drafter "
-                                 f"(draft-{parts.model_dft.arch}) is not implemented yet in llamaspec: use a small "
-                                 "standalone model of the target's family as the draft")
             # llama.cpp: -td defaults to -t; the draft's batch threads (-tbd) default to the target's -tb
             common["n_threads"] = n_threads_draft or n_threads
+            n_out_dft, n_out_dft_seq, other = n_parallel, 1, None
+            if parts.model_dft.arch in DRAFT_HEAD_ARCHS:  # EAGLE-3 / DFlash heads (spec §5.3)
+                from .drafters.heads import check_head_types
+
+                check_head_types(parts.model_dft, spec)
+                other = ctx  # the head borrows the target's token_embd / output where it has none
+                if parts.model_dft.arch == "dflash":  # a whole block of outputs per sequence
+                    n_out_dft_seq = max(1, spec.draft.n_max + 1)
+                    n_out_dft = n_parallel * n_out_dft_seq
             parts.ctx_dft = own(llama.Context(parts.model_dft, llama.ContextParams(
-                n_rs_seq=0, n_outputs_max=n_parallel, n_outputs_max_per_seq=1, **common)))
+                n_rs_seq=0, n_outputs_max=n_out_dft, n_outputs_max_per_seq=n_out_dft_seq, **common), ctx_other=other))
         if speculating and drafters:
             bad = [d for d in drafters if d.n_seq != n_parallel]
             if bad:

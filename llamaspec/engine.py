@@ -124,9 +124,9 @@ class Engine(Scheduler, SpeculativeRound):
             raise UsageError(f"unknown verification mode {verify!r} (valid: {', '.join(VERIFY_MODES)})")
         spec = copy.deepcopy(spec) if spec is not None else SpecParams()
         if draft is not None and spec.types_are_default:
-            from .drafters.mtp import infer_draft_types  # an MTP GGUF selects draft-mtp (spec §1.1)
+            from .drafters.heads import infer_draft_type  # a head / MTP GGUF selects its drafter (spec §1.1)
 
-            spec.add_types(infer_draft_types(draft))
+            spec.add_types(infer_draft_type(draft))
         if spec.draft.n_max < 0:
             raise UsageError(f"--spec-draft-n-max must be >= 0, got {spec.draft.n_max}")
         self.spec = spec
