@@ -276,3 +276,13 @@ def test_probe_reports_draft_mtp_support(mtp_models):
         with L.Model(mtp_models[kind]) as m:
             h = probe(m, measure=False).to_dict()["heads"]["draft-mtp"]
         assert h["supported"] is ok and (why is None or why in h["why"])
+
+
+def test_bench_mode_draft_mtp_needs_no_draft_file():
+    from llamaspec.bench.modes import parse_mode
+    from llamaspec.bench.native import spec_args
+
+    m = parse_mode("draft-mtp")
+    assert m.types == ("draft-mtp",) and not m.needs_draft and not m.is_ngram
+    a = spec_args(m, SpecParams(), None)
+    assert a[:2] == ["--spec-type", "draft-mtp"] and "-md" not in a and "--spec-draft-n-max" in a

@@ -27,7 +27,7 @@ from ..errors import UsageError
 from ..params import NAME_TO_TYPE, SpecParams
 
 #: drafter types a mode may name (ngram-cache needs cache files, the others need special models)
-MODE_TYPES = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+MODE_TYPES = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "draft-mtp")
 DEFAULT_LOOKUP_N = 10
 
 
@@ -61,7 +61,7 @@ class Mode:
     @property
     def is_ngram(self) -> bool:
         """Every drafter is an n-gram drafter (drafting cost ~0 in the speedup model)."""
-        return bool(self.types) and not self.needs_draft
+        return bool(self.types) and all(t.startswith("ngram-") for t in self.types)
 
     def spec_params(self, template: SpecParams | None = None) -> SpecParams:
         """The llamaspec parameters for this mode: ``template``'s settings (n_max, n-gram sizes) with this

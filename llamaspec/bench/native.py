@@ -132,6 +132,9 @@ def spec_args(mode: Mode, spec: SpecParams, draft: str | None) -> list[str]:
             raise NativeError(f"mode {mode.name} needs a draft model")
         a += ["-md", str(draft), "--spec-draft-n-max", str(p.draft.n_max), "--spec-draft-n-min", str(p.draft.n_min),
               "--spec-draft-p-min", repr(float(p.draft.p_min))]
+    elif "draft-mtp" in mode.types:  # the target's own MTP head: no -md
+        a += ["--spec-draft-n-max", str(p.draft.n_max), "--spec-draft-n-min", str(p.draft.n_min),
+              "--spec-draft-p-min", repr(float(p.draft.p_min))]
     if "ngram-mod" in mode.types:
         a += ["--spec-ngram-mod-n-match", str(p.ngram_mod.n_match), "--spec-ngram-mod-n-min", str(p.ngram_mod.n_min),
               "--spec-ngram-mod-n-max", str(p.ngram_mod.n_max)]

@@ -119,8 +119,10 @@ class LlamaspecRunner(Runner):
 
         if mode.name in self.engines:
             return
+        # draft-mtp needs the target loaded with its MTP blocks: the engine loads its own copy
+        target = self.model.path if "draft-mtp" in mode.types else self.model
         self.engines[mode.name] = Engine(
-            self.model, draft=self.model_dft if mode.needs_draft else None, spec=mode.spec_params(self.s.spec),
+            target, draft=self.model_dft if mode.needs_draft else None, spec=mode.spec_params(self.s.spec),
             n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, n_threads=self.s.threads, flash_attn=self.s.flash_attn,
             n_threads_batch=self.s.threads_batch or None, n_threads_draft=self.s.threads_draft or None)
 
