@@ -8,7 +8,12 @@ _OPTIONS = [
                  help="Draft model (name from models.toml or GGUF path); enables draft-simple unless --spec-type says otherwise."),
     click.option("--spec-type", "spec_type", multiple=True,
                  help="Comma-separated drafter types, appended in order (draft-simple, ngram-simple, ngram-map-k, "
-                      "ngram-map-k4v, ngram-mod, ngram-cache, none)."),
+                      "ngram-map-k4v, ngram-mod, ngram-cache, none; beyond llama.cpp: ngram-lookup, auto). Default: "
+                      "auto = ngram-lookup, then the draft model when there is one, each used per slot only while it "
+                      "pays (with --spec-parity: none, or draft-simple with -md, as llama.cpp)."),
+    click.option("--spec-ngram-lookup-n-max", type=int, default=None,
+                 help="ngram-lookup / auto: the longest n-gram draft, 0..1024 (default 32; each round's length is "
+                      "chosen from measured acceptance and cost)."),
     click.option("--spec-default", is_flag=True, help="ngram-mod with n_match 24, n_min 48, n_max 64 (llama.cpp's default)."),
     click.option("--spec-draft-n-max", type=int, default=None, help="Max drafted tokens per round (draft models; default 3)."),
     click.option("--spec-draft-n-min", type=int, default=None, help="Min drafted tokens, shorter drafts are dropped (default 0)."),
@@ -42,7 +47,7 @@ def spec_options(f):
 
 def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max, spec_draft_n_min, spec_draft_p_min,
                       spec_synth_len, spec_synth_rates, verify, spec_draft_reuse_kv=None,
-                      spec_replay_accept_corrected=False, spec_parity=False, spec_draft_adaptive=False, **extra):
+                      spec_replay_accept_corrected=False, spec_parity=False, spec_draft_adaptive=False, spec_ngram_lookup_n_max=None, **extra):
     """SpecParams from the flags, validated with llama.cpp's rules and clear messages."""
     from llamaspec.errors import UsageError
     from llamaspec.params import SpecParams
@@ -50,6 +55,12 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
     p = SpecParams()
     for t in spec_type:
         p.add_types(t)
+    if not spec_type and not spec_default and not spec_parity and spec_synth_len is None and spec_synth_rates is None:
+        p.add_types("auto")  # beyond llama.cpp: the default; --spec-parity keeps llama.cpp's (none / draft-simple)
+    if spec_ngram_lookup_n_max is not None:
+        if not 0 <= spec_ngram_lookup_n_max <= 1024:
+            raise UsageError(f"--spec-ngram-lookup-n-max must be between 0 and 1024, got {spec_ngram_lookup_n_max}")
+        p.ngram_lookup.n_max = spec_ngram_lookup_n_max
     if spec_default:
         p.add_types("ngram-mod")
         p.ngram_mod.n_match, p.ngram_mod.n_min, p.ngram_mod.n_max = 24, 48, 64
@@ -83,7 +94,7 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
     apply_ngram_options(p, extra)
     if "draft-simple" in p.types and not draft_model:
         raise UsageError("--spec-type draft-simple needs a draft model: add --draft-model (-md) NAME|PATH")
-    if draft_model and not p.types_are_default and not {"draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"} & set(p.types):
+    if draft_model and not p.types_are_default and not p.is_auto and not {"draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"} & set(p.types):
         raise UsageError("--draft-model is given but --spec-type includes no drafter that uses it (draft-simple, draft-eagle3, "
                          "draft-mtp, draft-dflash, draft-dspark); add one or drop the draft model")
     if p.has_synth() and p.types_are_default and not draft_model:

@@ -220,7 +220,14 @@ def _draft_dspark(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
     return DFlash(n_seq, p.draft, ctx_tgt, _head_ctx("draft-dspark", ctx_dft), dspark=True)
 
 
+def _ngram_lookup(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
+    from .drafters.ngram_lookup import NgramLookup
+
+    return NgramLookup(n_seq, p.ngram_lookup)
+
+
 FACTORIES: dict[SpecType, Factory] = {
+    SpecType.NGRAM_LOOKUP: _ngram_lookup,
     SpecType.NGRAM_SIMPLE: _ngram_simple,
     SpecType.NGRAM_MAP_K: _ngram_map_k,
     SpecType.NGRAM_MAP_K4V: _ngram_map_k4v,
@@ -239,6 +246,10 @@ def build_chain(params: SpecParams, n_seq: int, ctx_tgt: "llama.Context", ctx_df
 
     Any constructor error aborts the whole chain (as in llama.cpp), with the drafter's own message.
     """
+    if params.is_auto:  # beyond llama.cpp: the drafters that pay, per slot (llamaspec.auto)
+        from .auto import build_auto_chain
+
+        return build_auto_chain(params, n_seq, ctx_tgt, ctx_dft)
     impls: list[Drafter] = []
     try:
         for t in params.enabled():

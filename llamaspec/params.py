@@ -31,6 +31,10 @@ class SpecType(enum.IntEnum):
     NGRAM_MAP_K4V = 8
     NGRAM_MOD = 9
     NGRAM_CACHE = 10
+    #: beyond llama.cpp (not in its enum; ids after llama.cpp's): llamaspec's own n-gram drafter, and
+    #: ``auto`` (the drafters that pay, chosen per slot: llamaspec.auto)
+    NGRAM_LOOKUP = 11
+    AUTO = 12
 
     @property
     def type_name(self) -> str:
@@ -49,6 +53,8 @@ TYPE_NAMES = {
     SpecType.NGRAM_MAP_K4V: "ngram-map-k4v",
     SpecType.NGRAM_MOD: "ngram-mod",
     SpecType.NGRAM_CACHE: "ngram-cache",
+    SpecType.NGRAM_LOOKUP: "ngram-lookup",
+    SpecType.AUTO: "auto",
 }
 NAME_TO_TYPE = {v: k for k, v in TYPE_NAMES.items()}
 
@@ -59,6 +65,7 @@ PRIORITY = (
     SpecType.NGRAM_MAP_K4V,
     SpecType.NGRAM_MOD,
     SpecType.NGRAM_CACHE,
+    SpecType.NGRAM_LOOKUP,
     SpecType.DRAFT_SIMPLE,
     SpecType.DRAFT_EAGLE3,
     SpecType.DRAFT_MTP,
@@ -82,6 +89,8 @@ def types_from_names(names: str | list[str]) -> list[str]:
         if name == "none":
             return ["none"]
         out.append(name)
+    if "auto" in out and len(set(out)) > 1:
+        raise UsageError("--spec-type auto chooses the drafters itself: give it alone (or list the types instead)")
     return out
 
 
@@ -111,6 +120,24 @@ class NgramModParams:
     n_match: int = 24
     n_max: int = 64
     n_min: int = 48
+
+
+@dataclass
+class NgramLookupParams:
+    """llamaspec's own ``ngram-lookup`` (llamaspec.drafters.ngram_lookup has the whole set)."""
+
+    #: the longest draft (a ceiling: the drafter chooses each round's length itself)
+    n_max: int = 32
+    #: the longest key looked up in the hash maps (matches may be longer)
+    key_max: int = 8
+    #: adapt the length to measured acceptance and cost (False: always draft what the match gives, up to n_max)
+    adaptive: bool = True
+    #: weight of the prior (in rounds) against a slot's own counts
+    prior_weight: float = 4.0
+    #: per-update decay of a slot's counts (recent rounds weigh more)
+    decay: float = 0.9
+    #: after this many rounds with a match but no draft, draft a short one to measure again
+    explore_every: int = 8
 
 
 @dataclass
@@ -166,6 +193,7 @@ class SpecParams:
     ngram_map_k4v: NgramMapParams = field(default_factory=NgramMapParams)
     ngram_mod: NgramModParams = field(default_factory=NgramModParams)
     ngram_cache: NgramCacheParams = field(default_factory=NgramCacheParams)
+    ngram_lookup: NgramLookupParams = field(default_factory=NgramLookupParams)
     synth_len: float = -1.0
     synth_rates: list[float] = field(default_factory=list)
     #: opt-in fixes of the n-gram QUIRKs of spec §4.7-§4.11 (default False: behave exactly like llama.cpp)
@@ -186,7 +214,16 @@ class SpecParams:
 
     def add_types(self, names: str | list[str]) -> None:
         """``--spec-type LIST`` appends to the list (whose default is ``['none']``)."""
-        self.types = self.types + types_from_names(names)
+        types = self.types + types_from_names(names)
+        if "auto" in types and len(set(types) - {"none"}) > 1:
+            raise UsageError("--spec-type auto chooses the drafters itself: give it alone (or list the types instead)")
+        self.types = types
+
+    @property
+    def is_auto(self) -> bool:
+        """``--spec-type auto`` (beyond llama.cpp): ngram-lookup, then the draft model when there is one,
+        each switched off per slot while it does not pay (llamaspec.auto)."""
+        return "auto" in self.types
 
     @property
     def types_are_default(self) -> bool:
@@ -195,6 +232,8 @@ class SpecParams:
     def enabled(self) -> list[SpecType]:
         """Enabled types in chain priority order (duplicates collapse, ``none`` creates nothing)."""
         s = {NAME_TO_TYPE[n] for n in self.types}
+        if SpecType.AUTO in s:  # the draft model joins only when there is one (llamaspec.auto)
+            s |= {SpecType.NGRAM_LOOKUP, SpecType.DRAFT_SIMPLE}
         return [t for t in PRIORITY if t in s]
 
     def has_synth(self) -> bool:
@@ -220,6 +259,8 @@ class SpecParams:
                 v = max(0, self.ngram_mod.n_max)
             elif t is SpecType.NGRAM_CACHE:
                 v = NGRAM_CACHE_N_DRAFT
+            elif t is SpecType.NGRAM_LOOKUP:
+                v = max(0, self.ngram_lookup.n_max)
             else:  # pragma: no cover
                 v = 0
             best = max(best, v)

@@ -180,7 +180,7 @@ def test_no_model_uses_the_default_pair(tiny_registry, tiny_model, tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(stats.read_text())
     assert d["model"] == str(tiny_model("llama")) and d["draft_model"] == str(tiny_model("llama-draft"))
-    assert d["spec_types"] == ["draft-simple"] and d["n_drafted"] > 0
+    assert d["spec_types"] == ["ngram-lookup", "draft-simple"] and d["n_drafted"] > 0  # the default: --spec-type auto
     assert d["baseline"]["kind"] == "estimated" and d["baseline"]["plain_tokens_per_second"] > 0
     # greedy: the same text as plain decoding of the target
     plain = run("generate", "tok_5 tok_9", "-n", "12", "--temp", "0", "-q", "-m", str(tiny_model("llama")))
@@ -188,12 +188,18 @@ def test_no_model_uses_the_default_pair(tiny_registry, tiny_model, tmp_path):
 
 
 def test_model_alone_is_plain(tiny_registry, tiny_model, tmp_path):
+    # -m alone drafts with n-grams by default (--spec-type auto); --spec-type none (or --spec-parity) is plain
     stats = tmp_path / "s.json"
+    for flags in (["--spec-type", "none"], ["--spec-parity"]):
+        r = run("generate", "tok_5 tok_9", "-n", "8", "--temp", "0", "-m", "tiny-target", "--stats-json", str(stats), *flags)
+        assert r.exit_code == 0, r.output
+        d = json.loads(stats.read_text())
+        assert d["draft_model"] is None and d["spec_types"] == [] and "baseline" not in d
+        assert "plain decoding" in _summary(r.stderr)
     r = run("generate", "tok_5 tok_9", "-n", "8", "--temp", "0", "-m", "tiny-target", "--stats-json", str(stats))
     assert r.exit_code == 0, r.output
     d = json.loads(stats.read_text())
-    assert d["draft_model"] is None and d["spec_types"] == [] and "baseline" not in d
-    assert "plain decoding" in _summary(r.stderr)
+    assert d["draft_model"] is None and d["spec_types"] == ["ngram-lookup"]
 
 
 def test_summary_line_is_one_glanceable_line(tiny_registry):

@@ -1,0 +1,277 @@
+"""``--spec-type auto`` (beyond llama.cpp): the drafters that pay, chosen per slot from what was measured.
+
+The chain of ``auto`` is ``ngram-lookup`` first (:mod:`llamaspec.drafters.ngram_lookup`: it drafts when its
+lookups hit and the expected gain pays, and chooses its own length), then the draft model (``draft-simple``)
+when there is one. Speculation that loses is switched off for that slot and tried again later:
+
+* **Costs** are measured online in units of one single-row target decode (:class:`~llamaspec.adaptive.CostModel`):
+  ``v(k)``, the time from the end of drafting to the verification decode's ``process`` by row count (that
+  is the target decode plus the round's own work around it), and for the draft model its drafting time
+  per drafted token (``c``) plus its per-round ``process`` time.
+* **Gain** of a drafter on a slot: over its recent rounds on that slot (decaying sums), tokens per round
+  ``1 + accepted`` against the cost ``v(k) + k c + p`` of those rounds. Below ``1 - margin`` (it loses
+  against a plain step) the drafter is switched off for the slot for ``backoff`` rounds, doubling each time
+  it fails again (up to ``backoff_max``), back to the start value when it pays.
+* ``ngram-lookup`` gates itself the same way at each lookup (its expected gain from its per-slot acceptance
+  by match length and the same ``v(k)``); it gets the cost model of the auto chain.
+
+The statistics (``stats_dicts`` / ``stats_lines``) add, per drafter, why it did not draft: ``no-match`` /
+``not-paying`` (ngram-lookup) and ``gated`` rounds, ``n_gate_off`` (times it was switched off) and the last
+measured gain (draft model).
+
+>>> g = SlotGate()
+>>> for _ in range(4):
+...     g.record(1.0 + 0.0, 1.6)          # nothing accepted, the verify cost 1.6x a plain step
+>>> g.gain() < 0.7, g.should_stop(min_rounds=3, margin=0.02)
+(True, True)
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from .adaptive import CostModel
+from .chain import Chain
+from .drafters.base import DraftParams, Drafter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import _llama as llama
+    from .params import SpecParams
+
+log = logging.getLogger("llamaspec")
+
+
+@dataclass
+class GateParams:
+    #: rounds a slot drafts with a drafter before the gate may judge it
+    min_rounds: int = 3
+    #: switched off when the measured gain is below 1 - margin
+    margin: float = 0.03
+    #: rounds off after the first failure; doubles on each further failure
+    backoff: int = 16
+    backoff_max: int = 256
+    #: decay of the per-slot sums per recorded round
+    decay: float = 0.85
+
+
+class SlotGate:
+    """One drafter on one slot: decaying sums of tokens per round and of their cost, and the back-off."""
+
+    __slots__ = ("tok", "cost", "n", "off", "backoff")
+
+    def __init__(self, backoff: int = 16):
+        self.tok = 0.0
+        self.cost = 0.0
+        self.n = 0
+        self.off = 0  # rounds left switched off
+        self.backoff = backoff
+
+    def record(self, tokens: float, cost: float, decay: float = 0.85) -> None:
+        self.tok = self.tok * decay + tokens
+        self.cost = self.cost * decay + cost
+        self.n += 1
+
+    def gain(self) -> float:
+        """Measured tokens per unit cost relative to plain decoding (1 token per unit)."""
+        return self.tok / self.cost if self.cost > 0 else 1.0
+
+    def should_stop(self, min_rounds: int, margin: float) -> bool:
+        return self.n >= min_rounds and self.gain() < 1.0 - margin
+
+    def restart(self) -> None:
+        self.tok = self.cost = 0.0
+        self.n = 0
+
+
+class GatedDrafter(Drafter):
+    """A drafter (the draft model) behind the auto gate: for a slot that is switched off it is not asked to
+    draft (the chain then sees no draft from it); everything else goes straight to it. ``type``, ``stats``,
+    ``n_max`` and ``reuse_kv`` are the inner drafter's, so the statistics keep llama.cpp's names."""
+
+    def __init__(self, inner: Drafter, auto: "AutoChain"):
+        self.inner = inner
+        self.auto = auto
+        self.n_seq = inner.n_seq
+        self.stats = inner.stats
+        self.gates = [SlotGate(auto.gate.backoff) for _ in range(inner.n_seq)]
+        self._k = [0] * inner.n_seq  # length of this round's draft per slot (0 = none)
+        self.t_process_ms = 0.0  # decaying mean of process() per call
+        self.n_gate_off = 0
+        self.n_gated = 0  # rounds a slot was not asked because it was switched off
+        self.last_gain: float | None = None
+
+    type = property(lambda self: self.inner.type)
+    n_max = property(lambda self: self.inner.n_max, lambda self, v: setattr(self.inner, "n_max", v))
+    reuse_kv = property(lambda self: self.inner.reuse_kv, lambda self, v: setattr(self.inner, "reuse_kv", v))
+
+    def begin(self, seq_id, prompt):
+        self.inner.begin(seq_id, prompt)
+        self._k[seq_id] = 0
+
+    def process(self, rows):
+        t0 = time.perf_counter()
+        ok = self.inner.process(rows)
+        ms = (time.perf_counter() - t0) * 1e3
+        self.t_process_ms = ms if self.t_process_ms == 0.0 else self.t_process_ms + 0.2 * (ms - self.t_process_ms)
+        return ok
+
+    def draft(self, params: Sequence[DraftParams]) -> None:
+        off = []
+        for seq_id, dp in enumerate(params):
+            self._k[seq_id] = 0
+            if not dp.drafting:
+                continue
+            g = self.gates[seq_id]
+            if g.off > 0:
+                g.off -= 1
+                self.n_gated += 1
+                dp.drafting = False
+                off.append(dp)
+                if g.off == 0:
+                    g.restart()  # try again from the next round
+        try:
+            if any(dp.drafting for dp in params):
+                self.inner.draft(params)
+        finally:
+            for dp in off:
+                dp.drafting = True  # the chain sees an empty result: "no draft from this drafter"
+        for seq_id, dp in enumerate(params):
+            if dp.drafting and dp.result:
+                self._k[seq_id] = len(dp.result)
+
+    def accept(self, seq_id, n_accepted, is_other):
+        self.inner.accept(seq_id, n_accepted, is_other)
+        k = self._k[seq_id]
+        self._k[seq_id] = 0
+        if is_other or k <= 0:
+            return
+        cm = self.auto.cost
+        base = cm.decode_ms.get(1)
+        st = self.inner.stats
+        c = cm.draft_cost_of(st) if base else 0.3
+        p = (self.t_process_ms / base) if base else 0.0
+        g = self.gates[seq_id]
+        g.record(1.0 + n_accepted, cm.verify_cost(k) + k * c + p, self.auto.gate.decay)
+        self.last_gain = g.gain()
+        if g.should_stop(self.auto.gate.min_rounds, self.auto.gate.margin):
+            g.off = g.backoff
+            g.backoff = min(g.backoff * 2, self.auto.gate.backoff_max)
+            self.n_gate_off += 1
+            log.debug("auto: %s off for slot %d for %d rounds (measured gain %.2fx)", self.type, seq_id, g.off, g.gain())
+        elif g.n >= self.auto.gate.min_rounds:
+            g.backoff = self.auto.gate.backoff
+
+    def configure_sampling(self, seq_id, temp, seed):
+        self.inner.configure_sampling(seq_id, temp, seed)
+
+    def reset(self, seq_id):
+        self.inner.reset(seq_id)
+        self._k[seq_id] = 0
+
+    def get_state(self, seq_id):
+        return self.inner.get_state(seq_id)
+
+    def set_state(self, seq_id, data):
+        self.inner.set_state(seq_id, data)
+
+    def close(self):
+        self.inner.close()
+
+
+class AutoCostModel(CostModel):
+    """:class:`~llamaspec.adaptive.CostModel` plus a drafter's own cost per drafted token from its stats."""
+
+    def draft_cost_of(self, stats) -> float:
+        base = self.decode_ms.get(1)
+        if not base or stats.n_gen_tokens <= 0:
+            return 0.3
+        return (stats.t_draft_us / 1e3 / stats.n_gen_tokens) / base
+
+
+class AutoChain(Chain):
+    """The chain of ``--spec-type auto`` (module docstring): measures ``v(k)`` itself (the time from the end
+    of ``draft`` to the ``process`` of the verification decode, by row count) and reports the gating."""
+
+    def __init__(self, impls: Sequence[Drafter], n_seq: int, gate: GateParams | None = None):
+        super().__init__(impls, n_seq)
+        self.gate = gate or GateParams()
+        self.cost = AutoCostModel()
+        self._t_mark: float | None = None
+        for d in self.impls:
+            use = getattr(d, "use_cost_model", None)
+            if use is not None:
+                use(self.cost)
+
+    def draft(self, params: Sequence[DraftParams] | None = None) -> None:
+        super().draft(params)
+        self._t_mark = time.perf_counter()
+
+    def process(self, rows: "Sequence[llama.Row]") -> bool:
+        t = self._t_mark
+        if t is not None:
+            self._t_mark = None
+            if rows and all(r.output for r in rows):
+                self.cost.add_decode(len(rows), (time.perf_counter() - t) * 1e3)
+        return super().process(rows)
+
+    # -- reporting --------------------------------------------------------------------------------
+    def auto_info(self) -> dict:
+        """Per drafter type: why it did not draft, and the gate's figures."""
+        out: dict = {}
+        for d in self.impls:
+            info: dict = {}
+            skips = getattr(d, "skips", None)
+            if skips is not None:
+                info.update(skips)
+                info["n_explore"] = getattr(d, "n_explore", 0)
+            if isinstance(d, GatedDrafter):
+                info.update(gated=d.n_gated, n_gate_off=d.n_gate_off,
+                            last_gain=None if d.last_gain is None else round(d.last_gain, 3))
+            out[d.type] = info
+        base = self.cost.decode_ms.get(1)
+        out["verify_cost"] = {str(k): round(self.cost.verify_cost(k), 3) for k in (1, 3, 7, 15)} if base else {}
+        return out
+
+    def stats_dicts(self) -> list[dict]:
+        info = self.auto_info()
+        return [{**d, "auto": info.get(d["type"], {})} for d in super().stats_dicts()]
+
+    def stats_lines(self) -> list[str]:
+        info = self.auto_info()
+        parts = []
+        for d in self.impls:
+            i = info.get(d.type, {})
+            why = ", ".join(f"{k} {v}" for k, v in i.items() if v not in (None, 0))
+            parts.append(f"{d.type}: {d.stats.n_gen_drafts} drafts, {d.stats.n_acc_tokens} accepted"
+                         + (f" ({why})" if why else ""))
+        return super().stats_lines() + ["auto: " + "; ".join(parts)]
+
+
+def build_auto_chain(params: "SpecParams", n_seq: int, ctx_tgt, ctx_dft) -> AutoChain:
+    """ngram-lookup, then the draft model behind the gate when there is a draft context."""
+    from .chain import FACTORIES
+    from .params import SpecType
+
+    impls: list[Drafter] = []
+    try:
+        impls.append(FACTORIES[SpecType.NGRAM_LOOKUP](params, n_seq, ctx_tgt, ctx_dft))
+        chain = AutoChain(impls, n_seq)
+        if ctx_dft is not None:
+            inner = FACTORIES[SpecType.DRAFT_SIMPLE](params, n_seq, ctx_tgt, ctx_dft)
+            impls.append(inner)
+            gated = GatedDrafter(inner, chain)
+            chain.impls.append(gated)
+            ngram = chain.impls[0]
+
+            def floor(seq_id: int) -> float:  # the n-gram draft must beat the draft model where it pays
+                g = gated.gates[seq_id]
+                return max(1.0, g.gain()) if g.off == 0 and g.n >= chain.gate.min_rounds else 1.0
+
+            ngram.gain_floor = floor
+    except BaseException:
+        for d in impls:
+            d.close()
+        raise
+    return chain

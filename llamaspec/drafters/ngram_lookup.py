@@ -1,0 +1,358 @@
+"""``ngram-lookup``: llamaspec's own n-gram drafter (beyond llama.cpp; not one of its five n-gram types).
+
+What it does, per slot:
+
+1. **Index.** Every n-gram of the history (prompt + committed output) of length ``1..key_max`` is kept in a
+   hash map from a 64-bit key to the end position of its *most recent* occurrence. The prompt is indexed
+   in one vectorised pass (numpy rolling hashes, ``begin``); after that each new token costs ``key_max``
+   dictionary stores (no rescans of the history per round).
+2. **Lookup.** The query is the history plus ``id_last`` (the pending token). Keys of growing length are
+   looked up until one is missing: the longest suffix that occurred before, at its most recent place. The
+   match is then checked token by token (a hash collision never drafts garbage) and extended backwards up
+   to ``MATCH_CAP`` tokens: that *match length* says how sure the copy is.
+3. **Copy.** The draft is what followed the match, copied as an overlapping copy (LZ77-style): when the
+   match ends right before ``id_last``, the draft continues into what it has just drafted, so a loop of
+   period ``p`` yields a draft of any length, not only ``p`` tokens.
+4. **Length.** Each slot learns, per match-length bucket, the rate at which the first drafted token is
+   accepted (``p1``) and the rate at which a later token is accepted when the ones before it were (``q``),
+   with decaying counts (so it follows the text) and a prior learned across requests. With ``v(k)`` the
+   cost of verifying ``k + 1`` rows relative to one (the engine's measured cost model when it has one,
+   else a CPU-like curve), it drafts the ``k`` that maximises ``E(k) / v(k)``,
+   ``E(k) = 1 + p1 (1 + q + ... + q^(k-1))``: long drafts while a copy runs, short ones after a miss,
+   none when a draft is not expected to pay (every ``explore_every`` skipped rounds it tries a short one).
+
+>>> d = NgramLookup(1, NgramLookupParams(n_max=8, adaptive=False))
+>>> from llamaspec.drafters.base import DraftParams
+>>> hist = [5, 1, 2, 3, 4, 9, 9, 1, 2]
+>>> d.begin(0, hist)
+>>> dp = DraftParams(drafting=True, n_max=8, prompt=hist, id_last=3)
+>>> d.draft([dp]); dp.result                    # "1 2 3" occurred at 1..3: copy what followed it
+[4, 9, 9, 1, 2, 3, 4, 9]
+>>> lookup_draft([7, 1, 2, 1, 2, 1], 2, 6)    # a loop: the overlapping copy continues it
+[2, 1, 2, 1, 2, 1]
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..params import NgramLookupParams
+from .base import DraftParams, Drafter
+
+__all__ = ["NgramLookup", "NgramLookupParams", "best_length", "expected_len", "lookup_draft", "default_verify_cost"]
+
+MASK64 = 0xFFFFFFFFFFFFFFFF
+#: odd 64-bit multiplier of the rolling hash (any large odd constant works; keys are verified on use)
+HASH_MUL = 0x9E3779B97F4A7C15
+#: the match is verified / extended backwards at most this far (longer matches fall in the last bucket)
+MATCH_CAP = 32
+#: upper bounds of the match-length buckets (a match of length m is in the first bucket with m <= bound)
+BUCKETS = (1, 2, 3, 5, 8, 15, MATCH_CAP)
+#: prior rate of the first drafted token per bucket, and of a later token given the ones before it
+PRIOR_P1 = (0.25, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+PRIOR_Q = (0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+
+
+def _bucket(m: int) -> int:
+    for i, b in enumerate(BUCKETS):
+        if m <= b:
+            return i
+    return len(BUCKETS) - 1
+
+
+def default_verify_cost(k: int) -> float:
+    """``v(k)``, the cost of verifying ``k + 1`` rows relative to one, before anything was measured: a
+    CPU-like curve (Gemma-3-270M on two cores: 1.28 at 2 rows, 1.4 at 4, 1.8 at 8, 2.2 at 16, 2.9 at 32).
+
+    >>> default_verify_cost(0), default_verify_cost(3), round(default_verify_cost(15), 2)
+    (1.0, 1.4, 2.2)
+    """
+    rows = k + 1
+    pts = ((1, 1.0), (2, 1.28), (4, 1.4), (8, 1.8), (16, 2.2), (32, 2.9), (64, 5.0))
+    for (r0, c0), (r1, c1) in zip(pts, pts[1:]):
+        if rows <= r1:
+            return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
+    r0, c0 = pts[-1]
+    return c0 + (rows - r0) * 0.07
+
+
+def expected_len(p1: float, q: float, k: int) -> float:
+    """``E(k) = 1 + p1 (1 + q + ... + q^(k-1))``, tokens per round with a draft of k tokens.
+
+    >>> expected_len(0.5, 1.0, 4), expected_len(1.0, 0.5, 2), expected_len(0.9, 0.9, 0)
+    (3.0, 2.5, 1.0)
+    """
+    if k <= 0:
+        return 1.0
+    if q >= 1.0:
+        return 1.0 + p1 * k
+    return 1.0 + p1 * (1.0 - q ** k) / (1.0 - q)
+
+
+def best_length(p1: float, q: float, k_max: int, verify_cost: Callable[[int], float], c: float = 0.0,
+                floor: float = 1.0) -> int:
+    """The draft length in ``0..k_max`` with the most expected tokens per unit of cost (0: do not draft);
+    a draft must beat ``floor`` tokens per unit (1 = a plain step; more when another drafter does better).
+
+    >>> v = default_verify_cost
+    >>> best_length(0.2, 0.5, 16, v)            # a fresh 1-token match rarely pays
+    0
+    >>> best_length(0.95, 0.97, 32, v) >= 16      # a copy that runs: long drafts
+    True
+    >>> 1 <= best_length(0.6, 0.6, 32, v) <= 4
+    True
+    """
+    best_k, best = 0, max(floor, 1.0 / max(verify_cost(0), 1e-9))
+    for k in range(1, k_max + 1):
+        val = expected_len(p1, q, k) / max(verify_cost(k) + k * c, 1e-9)
+        if val > best * (1 + 1e-6):
+            best_k, best = k, val
+    return best_k
+
+
+def lookup_draft(seq: Sequence[int], key_max: int, n: int) -> list[int]:
+    """Reference implementation (a plain scan, for tests): the longest suffix of ``seq`` of at most
+    ``key_max`` tokens that occurred before, at its most recent place, and ``n`` tokens of what followed it
+    (overlapping copy). The drafter gives the same draft from its hash index.
+
+    >>> lookup_draft([1, 2, 3, 9, 1, 2], 3, 3)
+    [3, 9, 1]
+    >>> lookup_draft([1, 2, 3], 3, 3)
+    []
+    """
+    L = len(seq)
+    best_e, best_k = -1, 0
+    for k in range(1, min(key_max, L - 1) + 1):
+        suf = list(seq[L - k:])
+        e = next((e for e in range(L - 2, k - 2, -1) if list(seq[e - k + 1: e + 1]) == suf), -1)
+        if e < 0:
+            break
+        best_e, best_k = e, k
+    if best_k == 0:
+        return []
+    out = list(seq)
+    src = best_e + 1
+    for _ in range(n):
+        out.append(out[src])
+        src += 1
+    return out[L:]
+
+
+class _Slot:
+    """One sequence's history, its n-gram index and its acceptance counts."""
+
+    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "idle")
+
+    def __init__(self, key_max: int):
+        self.toks: list[int] = []
+        self.idx: list[dict[int, int]] = [dict() for _ in range(key_max)]
+        nb = len(BUCKETS)
+        self.p1_n, self.p1_a = [0.0] * nb, [0.0] * nb
+        self.q_n, self.q_a = [0.0] * nb, [0.0] * nb
+        self.last_bucket = -1
+        self.last_k = 0
+        self.idle = 0
+
+    # -- index ----------------------------------------------------------------------------------
+    def build(self, tokens: Sequence[int]) -> None:
+        """Index ``tokens`` from scratch in one vectorised pass (later occurrences overwrite earlier)."""
+        key_max = len(self.idx)
+        self.toks = [int(t) for t in tokens]
+        self.idx = [dict() for _ in range(key_max)]
+        n = len(self.toks)
+        if n == 0:
+            return
+        arr = np.asarray(self.toks, dtype=np.uint64) + np.uint64(1)
+        h = np.zeros(n, dtype=np.uint64)
+        mul = np.uint64(HASH_MUL)
+        pos = np.arange(n)
+        with np.errstate(over="ignore"):
+            for j in range(min(key_max, n)):
+                # key of length j+1 ending at e: tokens e, e-1, ..., e-j folded in that order
+                h[j:] = h[j:] * mul + arr[: n - j]
+                self.idx[j] = dict(zip(h[j:].tolist(), pos[j:].tolist()))
+
+    def append(self, tokens: Sequence[int]) -> None:
+        """Add tokens at the end: ``key_max`` dictionary stores per token."""
+        toks, idx = self.toks, self.idx
+        key_max = len(idx)
+        for t in tokens:
+            toks.append(int(t))
+            e = len(toks) - 1
+            h = 0
+            for j in range(min(key_max, e + 1)):
+                h = (h * HASH_MUL + toks[e - j] + 1) & MASK64
+                idx[j][h] = e
+
+    def sync(self, prompt: Sequence[int]) -> None:
+        """Bring the index up to ``prompt`` (the slot's committed tokens): append what is new, rebuild when
+        the history changed under it (a new request, a reset)."""
+        n, toks = len(prompt), self.toks
+        m = len(toks)
+        if m == n and (m == 0 or toks[-1] == prompt[-1]):
+            return
+        if m < n and (m == 0 or toks[-1] == prompt[m - 1]):
+            self.append(prompt[m:])
+            return
+        self.build(prompt)
+
+    # -- lookup ---------------------------------------------------------------------------------
+    def match(self, id_last: int) -> tuple[int, int]:
+        """``(end, length)`` of the longest earlier occurrence of the suffix ``toks + [id_last]`` (most
+        recent place; ``length`` verified and extended up to MATCH_CAP), or ``(-1, 0)``."""
+        toks, idx = self.toks, self.idx
+        n = len(toks)
+        h, e_best = 0, -1
+        for j in range(min(len(idx), n)):
+            t = id_last if j == 0 else toks[n - j]
+            h = (h * HASH_MUL + t + 1) & MASK64
+            e = idx[j].get(h)
+            if e is None:
+                break
+            e_best = e
+        if e_best < 0:
+            return -1, 0
+        # verify (hash keys) and extend backwards: position n is id_last, the query's end
+        if toks[e_best] != id_last:
+            return -1, 0
+        m = 1
+        lim = min(MATCH_CAP, e_best + 1)
+        while m < lim and toks[e_best - m] == toks[n - m]:
+            m += 1
+        return e_best, m  # (m < k_best only after a hash collision on a longer key: m is what was verified)
+
+    def copy(self, e: int, id_last: int, k: int) -> list[int]:
+        """``k`` tokens of what followed position ``e`` (overlapping copy over ``toks + [id_last] + draft``)."""
+        toks = self.toks
+        n = len(toks)
+        src = e + 1
+        if src + k <= n:
+            return toks[src: src + k]
+        out = toks[src:n] + [id_last]
+        period = n + 1 - src  # the copy reads what it wrote: a loop of this period
+        while len(out) < k:
+            out.append(out[len(out) - period])
+        return out[:k]
+
+    # -- acceptance counts ------------------------------------------------------------------------
+    def rates(self, b: int, prior_p1: list[float], prior_q: list[float], w: float) -> tuple[float, float]:
+        p1 = (self.p1_a[b] + w * prior_p1[b]) / (self.p1_n[b] + w)
+        q = (self.q_a[b] + w * prior_q[b]) / (self.q_n[b] + w)
+        return p1, q
+
+    def update(self, b: int, k: int, n_acc: int, decay: float) -> None:
+        self.p1_n[b] = self.p1_n[b] * decay + 1.0
+        self.p1_a[b] = self.p1_a[b] * decay + (1.0 if n_acc > 0 else 0.0)
+        if n_acc > 0 and k > 1:
+            tried = min(k, n_acc + 1) - 1
+            self.q_n[b] = self.q_n[b] * decay + tried
+            self.q_a[b] = self.q_a[b] * decay + (n_acc - 1)
+
+
+class NgramLookup(Drafter):
+    """llamaspec's n-gram drafter (module docstring). ``skips`` counts the rounds it did not draft, by
+    reason: ``no-match`` (no earlier occurrence of even the last token), ``not-paying`` (a match whose
+    expected gain at the measured acceptance and cost is below a plain step)."""
+
+    type = "ngram-lookup"
+
+    def __init__(self, n_seq: int, params: NgramLookupParams | None = None):
+        super().__init__(n_seq)
+        p = replace(params) if params is not None else NgramLookupParams()
+        if p.n_max < 0:
+            raise ValueError(f"ngram-lookup n_max must be >= 0, got {p.n_max}")
+        if p.key_max < 1:
+            raise ValueError(f"ngram-lookup key_max must be >= 1, got {p.key_max}")
+        self.params = p
+        self.n_max = p.n_max
+        self._slots = [_Slot(p.key_max) for _ in range(n_seq)]
+        #: drafter-wide acceptance (a prior for new requests): decayed counts per bucket
+        nb = len(BUCKETS)
+        self._g_p1 = [[PRIOR_P1[b] * 4, 4.0] for b in range(nb)]
+        self._g_q = [[PRIOR_Q[b] * 4, 4.0] for b in range(nb)]
+        #: v(k) relative to a one-row decode; the engine hands its measured cost model over when it has one
+        self.verify_cost: Callable[[int], float] = default_verify_cost
+        #: per slot, the tokens per unit cost a draft must beat (auto: the draft model's measured gain)
+        self.gain_floor: Callable[[int], float] = lambda seq_id: 1.0
+        self.skips = {"no-match": 0, "not-paying": 0}
+        self.n_explore = 0
+
+    def use_cost_model(self, cost_model) -> None:
+        """Take ``v(k)`` from the engine's online cost model (:class:`llamaspec.adaptive.CostModel`)."""
+        self.verify_cost = cost_model.verify_cost
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
+        st = self._slots[seq_id]
+        st.build(prompt)
+        st.last_bucket, st.last_k, st.idle = -1, 0, 0
+
+    def reset(self, seq_id: int) -> None:
+        self._slots[seq_id] = _Slot(self.params.key_max)
+
+    def _priors(self) -> tuple[list[float], list[float]]:
+        return ([a / n for a, n in self._g_p1], [a / n for a, n in self._g_q])
+
+    def draft(self, params: Sequence[DraftParams]) -> None:
+        p = self.params
+        priors = None
+        for seq_id, dp in enumerate(params):
+            if not dp.drafting:
+                continue
+            st = self._slots[seq_id]
+            st.last_bucket, st.last_k = -1, 0
+            st.sync(dp.prompt)
+            k_cap = self.n_max if dp.n_max < 0 else min(self.n_max, dp.n_max)
+            if k_cap <= 0:
+                continue
+            e, m = st.match(dp.id_last)
+            if e < 0:
+                self.skips["no-match"] += 1
+                continue
+            b = _bucket(m)
+            if p.adaptive:
+                if priors is None:
+                    priors = self._priors()
+                p1, q = st.rates(b, priors[0], priors[1], p.prior_weight)
+                k = best_length(p1, q, k_cap, self.verify_cost, floor=self.gain_floor(seq_id))
+                if k == 0:
+                    st.idle += 1
+                    if st.idle < p.explore_every:
+                        self.skips["not-paying"] += 1
+                        continue
+                    k = min(2, k_cap)  # look again: the text may have changed
+                    self.n_explore += 1
+                st.idle = 0
+            else:
+                k = k_cap
+            if dp.n_min is not None and k < dp.n_min:
+                continue
+            dp.result.extend(st.copy(e, dp.id_last, k))
+            st.last_bucket, st.last_k = b, len(dp.result)
+
+    def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
+        st = self._slots[seq_id]
+        b, k = st.last_bucket, st.last_k
+        st.last_bucket, st.last_k = -1, 0
+        if is_other or b < 0 or k <= 0:
+            return
+        st.update(b, k, n_accepted, self.params.decay)
+        g = 0.98  # the drafter-wide prior follows every slot slowly
+        gp = self._g_p1[b]
+        gp[0], gp[1] = gp[0] * g + (1.0 if n_accepted > 0 else 0.0), gp[1] * g + 1.0
+        if n_accepted > 0 and k > 1:
+            gq = self._g_q[b]
+            gq[0], gq[1] = gq[0] * g + (n_accepted - 1), gq[1] * g + (min(k, n_accepted + 1) - 1)
+
+    # -- reporting --------------------------------------------------------------------------------
+    def rates_by_bucket(self) -> list[dict]:
+        """The drafter-wide acceptance estimates per match-length bucket (for the statistics)."""
+        out = []
+        lo = 1
+        for b, hi in enumerate(BUCKETS):
+            (a1, n1), (aq, nq) = self._g_p1[b], self._g_q[b]
+            out.append({"match": f"{lo}-{hi}" if hi > lo else str(lo), "p1": round(a1 / n1, 3), "q": round(aq / nq, 3)})
+            lo = hi + 1
+        return out

@@ -1,0 +1,295 @@
+"""``--spec-type auto`` and llamaspec's own ``ngram-lookup`` drafter (issue 12 items 3 and 4).
+
+Pure parts first (the index against a plain scan, the length / gating maths with fake costs), then the
+engine on tiny models (greedy output equals plain; auto drafts with n-grams on copy text and stays quiet
+where nothing matches), then the CLI default.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import main
+from llamaspec.auto import AutoChain, GatedDrafter, SlotGate
+from llamaspec.drafters.base import DraftParams, Drafter
+from llamaspec.drafters.ngram_lookup import (NgramLookup, NgramLookupParams, best_length, default_verify_cost,
+                                              expected_len, lookup_draft)
+from llamaspec.engine import Engine
+from llamaspec.errors import UsageError
+from llamaspec.params import SpecParams, SpecType
+
+from helpers import EXACT
+
+
+def fixed(n_max: int = 12, key_max: int = 4) -> NgramLookupParams:
+    return NgramLookupParams(n_max=n_max, key_max=key_max, adaptive=False)
+
+
+def one_draft(d: NgramLookup, hist: list[int], id_last: int, n_max: int) -> list[int]:
+    dp = DraftParams(drafting=True, n_max=n_max, prompt=tuple(hist), id_last=id_last)
+    d.draft([dp])
+    return dp.result
+
+
+# -- the index ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(6))
+def test_index_equals_plain_scan(seed):
+    """Built at once, or grown token by token: the draft is the reference scan's (longest suffix, most recent
+    place, overlapping copy)."""
+    rng = random.Random(seed)
+    vocab = rng.choice([3, 5, 40])
+    seq = [rng.randrange(vocab) for _ in range(rng.randrange(20, 120))]
+    grown = NgramLookup(1, fixed())
+    grown.begin(0, seq[:5])
+    for L in range(6, len(seq)):
+        hist, id_last = seq[: L - 1], seq[L - 1]
+        want = lookup_draft(seq[:L], 4, 12)
+        assert one_draft(grown, hist, id_last, 12) == want, (seed, L)
+        fresh = NgramLookup(1, fixed())
+        fresh.begin(0, hist)
+        assert one_draft(fresh, hist, id_last, 12) == want, (seed, L)
+
+
+def test_index_rebuilds_when_history_changes():
+    d = NgramLookup(1, fixed())
+    d.begin(0, [1, 2, 3, 4, 1, 2])
+    assert one_draft(d, [1, 2, 3, 4, 1, 2], 3, 3) == [4, 1, 2]
+    # another request in the same slot without begin (e.g. after a reset): the index follows the history
+    assert one_draft(d, [9, 8, 7, 9], 8, 3) == [7, 9, 8]
+
+
+def test_no_match_and_caps():
+    d = NgramLookup(1, fixed(n_max=5))
+    d.begin(0, [1, 2, 3])
+    assert one_draft(d, [1, 2, 3], 4, 5) == []            # 4 never occurred
+    assert d.skips["no-match"] == 1
+    assert one_draft(d, [1, 2, 3, 1], 2, 2) == [3, 1]      # dp.n_max caps the draft
+    assert len(one_draft(d, [1, 1, 1, 1], 1, 50)) == 5     # the drafter's own n_max caps it too
+
+
+# -- the maths ------------------------------------------------------------------------------------------
+
+def test_expected_len_and_best_length():
+    assert expected_len(1.0, 1.0, 5) == 6.0
+    flat = lambda k: 1.0 + 0.01 * k  # noqa: E731 - a GPU-like flat verify cost: long drafts pay early
+    steep = lambda k: 1.0 + 0.5 * k  # noqa: E731 - every row costs half a decode: only sure drafts pay
+    assert best_length(0.9, 0.95, 32, flat) == 32
+    assert best_length(0.3, 0.5, 32, steep) == 0
+    assert 0 < best_length(0.95, 0.9, 32, steep) < 8
+    # a floor (the draft model's measured gain) raises the bar
+    assert best_length(0.5, 0.7, 16, default_verify_cost) > 0
+    assert best_length(0.5, 0.7, 16, default_verify_cost, floor=2.0) == 0
+
+
+def test_lookup_learns_to_stop_and_explores():
+    """Every draft rejected: after a few rounds the drafter stops drafting that kind of match, and now and
+    then tries a short draft to look again."""
+    p = NgramLookupParams(n_max=16, key_max=4, explore_every=8)
+    d = NgramLookup(1, p)
+    hist = [1, 2, 3, 4, 5, 6, 7] * 4
+    d.begin(0, hist)
+    sizes = []
+    for _ in range(40):
+        r = one_draft(d, hist, 1, 16)
+        sizes.append(len(r))
+        d.accept(0, 0, False)
+    assert sizes[0] > 0
+    assert sizes[-16:].count(0) >= 12              # mostly off
+    assert 0 < max(sizes[-16:]) <= 2               # the exploration drafts are short
+    assert d.skips["not-paying"] > 0 and d.n_explore > 0
+
+
+def test_lookup_drafts_long_while_the_copy_runs():
+    d = NgramLookup(1, NgramLookupParams(n_max=32, key_max=8))
+    text = list(range(100, 300))
+    hist, id_last = text + text[:10], text[10]
+    d.begin(0, hist)
+    lens = []
+    while len(hist) + 34 < 2 * len(text):
+        r = one_draft(d, hist, id_last, 32)
+        assert r == text[len(hist) - len(text) + 1:][:len(r)]
+        lens.append(len(r))
+        d.accept(0, len(r), False)  # all accepted; the target's own token follows
+        hist = hist + [id_last] + r
+        id_last = text[len(hist) - len(text)]
+    assert lens[0] > 0 and lens[-1] >= 16
+
+
+# -- the gate -------------------------------------------------------------------------------------------
+
+class FakeDraft(Drafter):
+    """Drafts ``k`` tokens for every asking slot (what they are does not matter to the gate)."""
+
+    type = "draft-simple"
+
+    def __init__(self, n_seq: int, k: int = 3):
+        super().__init__(n_seq)
+        self.n_max = k
+        self.asked = 0
+
+    def draft(self, params):
+        for dp in params:
+            if dp.drafting:
+                self.asked += 1
+                dp.result.extend([7] * self.n_max)
+
+
+def run_gate(n_accepted: int, rounds: int, verify_ms: dict[int, float], draft_ms: float = 0.0):
+    """The auto chain with a fake drafter: every round it drafts, the target "accepts" ``n_accepted``."""
+    inner = FakeDraft(1)
+    lookup = NgramLookup(1, NgramLookupParams())
+    chain = AutoChain([lookup], 1)
+    gated = GatedDrafter(inner, chain)
+    chain.impls.append(gated)
+    for rows, ms in verify_ms.items():
+        chain.cost.add_decode(rows, ms)
+    drafted = []
+    for _ in range(rounds):
+        dp = chain.dparams[0]
+        dp.drafting, dp.n_max, dp.prompt, dp.id_last, dp.result = True, 8, (1, 2, 3), 4, []
+        chain.draft()
+        inner.stats.t_draft_us += int(draft_ms * 1e3 * len(dp.result))
+        drafted.append(len(dp.result))
+        if dp.result:  # the engine tells the chain only about rounds with a draft
+            chain.accept(0, min(n_accepted, len(dp.result)))
+    return gated, drafted
+
+
+def test_gate_switches_a_losing_drafter_off_and_retries():
+    gated, drafted = run_gate(0, 60, {1: 10.0, 4: 16.0})
+    assert gated.n_gate_off >= 1
+    first_off = drafted.index(0)
+    assert 3 <= first_off <= 5                     # judged after min_rounds
+    assert drafted[first_off: first_off + 16] == [0] * 16
+    assert drafted[first_off + 16] == 3            # retried after the back-off
+    assert drafted.count(0) > 40                   # and the back-off grows
+    assert gated.n_gated == drafted.count(0)
+
+
+def test_gate_keeps_a_paying_drafter():
+    gated, drafted = run_gate(3, 30, {1: 10.0, 4: 12.0}, draft_ms=1.0)
+    assert gated.n_gate_off == 0 and all(n == 3 for n in drafted)
+    assert gated.last_gain > 1.5
+
+
+def test_gate_counts_draft_cost():
+    """Accepting everything is still a loss when drafting costs more than it saves."""
+    gated, _ = run_gate(3, 30, {1: 10.0, 4: 12.0}, draft_ms=12.0)
+    assert gated.n_gate_off >= 1
+
+
+def test_slot_gate():
+    g = SlotGate()
+    for _ in range(3):
+        g.record(4.0, 1.5)
+    assert g.gain() > 2 and not g.should_stop(3, 0.03)
+
+
+# -- params ---------------------------------------------------------------------------------------------
+
+def test_params_auto():
+    p = SpecParams()
+    p.add_types("auto")
+    assert p.is_auto and p.enabled() == [SpecType.NGRAM_LOOKUP, SpecType.DRAFT_SIMPLE]
+    assert p.n_max_of_types() == p.ngram_lookup.n_max
+    with pytest.raises(UsageError, match="give it alone"):
+        p.add_types("ngram-mod")
+    with pytest.raises(UsageError, match="give it alone"):
+        SpecParams().add_types("auto,ngram-simple")
+
+
+# -- the engine ------------------------------------------------------------------------------------------
+
+BASE = [5, 6, 7, 8, 9, 10, 11] * 4
+PROMPTS = [BASE, BASE[3:] + [20, 21], [30, 31, 32, 33] * 5, [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3],
+           list(range(36, 63))]
+
+
+def auto() -> SpecParams:
+    p = SpecParams()
+    p.add_types("auto")
+    return p
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model):
+    with Engine(tiny_model("llama"), n_ctx=256, **EXACT) as e:
+        return [e.generate(p, n_predict=40).tokens for p in PROMPTS]
+
+
+@pytest.mark.parametrize("n_parallel", [1, 3])
+@pytest.mark.parametrize("with_draft", [False, True])
+def test_auto_greedy_equals_plain(tiny_model, plain, n_parallel, with_draft):
+    draft = tiny_model("llama-draft") if with_draft else None
+    with Engine(tiny_model("llama"), draft=draft, spec=auto(), n_ctx=256, n_parallel=n_parallel, **EXACT) as e:
+        assert e.chain.types == (["ngram-lookup", "draft-simple"] if with_draft else ["ngram-lookup"])
+        rs = e.generate_many(PROMPTS, n_predict=40)
+        stats = {d["type"]: d for d in e.drafter_stats()}
+        lines = e.stats_lines()
+    assert [r.tokens for r in rs] == plain
+    assert stats["ngram-lookup"]["n_gen_tokens"] > 0           # the tiny model's loops are copy text
+    assert stats["ngram-lookup"]["n_acc_tokens"] > 0
+    assert "auto" in stats["ngram-lookup"] and lines[-1].startswith("auto: ngram-lookup")
+    by_type: dict = {}
+    for r in rs:
+        for k, v in r.stats.n_accepted_by_type.items():
+            by_type[k] = by_type.get(k, 0) + v
+    assert by_type.get("ngram-lookup", 0) == stats["ngram-lookup"]["n_acc_tokens"]
+
+
+def test_explicit_ngram_lookup_type(tiny_model, plain):
+    p = SpecParams()
+    p.add_types("ngram-lookup")
+    with Engine(tiny_model("llama"), spec=p, n_ctx=256, **EXACT) as e:
+        assert e.chain.types == ["ngram-lookup"] and not isinstance(e.chain, AutoChain)
+        assert [e.generate(x, n_predict=40).tokens for x in PROMPTS] == plain
+
+
+def test_auto_quiet_where_nothing_matches(tiny_model):
+    """Fake history of distinct tokens: no lookup hits, no drafts, and the statistics say why."""
+    with Engine(tiny_model("llama"), spec=auto(), n_ctx=256, **EXACT) as e:
+        lookup = e.chain.impls[0]
+        dp = DraftParams(drafting=True, n_max=16, prompt=tuple(range(1, 60)), id_last=62)
+        lookup.begin(0, dp.prompt)
+        lookup.draft([dp])
+        assert dp.result == [] and lookup.skips["no-match"] == 1
+        assert e.chain.auto_info()["ngram-lookup"]["no-match"] == 1
+
+
+# -- the CLI -------------------------------------------------------------------------------------------
+
+def test_cli_default_is_auto(tiny_model, tmp_path):
+    base = ["generate", "tok_5 tok_6 tok_7 tok_5 tok_6 tok_7 tok_5 tok_6", "-m", str(tiny_model("llama")), "-n", "24",
+            "--temp", "0", "-q"]
+    out = {}
+    for name, extra in (("default", []), ("parity", ["--spec-parity"]), ("none", ["--spec-type", "none"])):
+        js = tmp_path / f"{name}.json"
+        r = CliRunner().invoke(main, base + extra + ["--stats-json", str(js)])
+        assert r.exit_code == 0, r.output
+        out[name] = (r.stdout, json.loads(js.read_text()))
+    assert out["default"][1]["spec_types"] == ["ngram-lookup"]
+    assert out["parity"][1]["spec_types"] == [] and out["none"][1]["spec_types"] == []
+    assert out["default"][0] == out["none"][0] == out["parity"][0]
+
+
+def test_cli_auto_with_draft_model(tiny_model, tmp_path):
+    js = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["generate", "tok_5 tok_6 tok_7", "-m", str(tiny_model("llama")), "-md",
+                                  str(tiny_model("llama-draft")), "-n", "16", "--temp", "0", "-q", "--stats-json", str(js)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(js.read_text())["spec_types"] == ["ngram-lookup", "draft-simple"]
+
+
+@pytest.mark.parametrize("flags,msg", [
+    (["--spec-type", "auto,ngram-mod"], "give it alone"),
+    (["--spec-type", "auto", "--spec-type", "ngram-simple"], "give it alone"),
+    (["--spec-ngram-lookup-n-max", "5000"], "between 0 and 1024"),
+])
+def test_cli_bad_auto_flags(tiny_model, flags, msg):
+    r = CliRunner().invoke(main, ["generate", "x", "-m", str(tiny_model("llama")), "-n", "4"] + flags)
+    assert r.exit_code == 2, r.output
+    assert msg in r.output and "Traceback" not in r.output
