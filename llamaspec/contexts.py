@@ -154,9 +154,10 @@ def build_parts(
             common["n_threads"] = n_threads_draft or n_threads
             n_out_dft, n_out_dft_seq, other = n_parallel, 1, None
             if parts.model_dft.arch in DRAFT_HEAD_ARCHS:  # EAGLE-3 / DFlash heads (spec §5.3)
-                from .drafters.heads import check_head_types
+                from .drafters.heads import check_head_pair, check_head_types
 
                 check_head_types(parts.model_dft, spec)
+                check_head_pair(model, parts.model_dft)
                 other = ctx  # the head borrows the target's token_embd / output where it has none
                 if parts.model_dft.arch == "dflash":  # a whole block of outputs per sequence
                     n_out_dft_seq = max(1, spec.draft.n_max + 1)

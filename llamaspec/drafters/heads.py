@@ -51,3 +51,23 @@ def check_head_types(model_dft: "llama.Model", spec: "SpecParams") -> None:
         raise UsageError(
             f"draft {model_dft.path.name} is a {model_dft.arch} head, not a standalone model: use it with "
             f"--spec-type {' or '.join(ok)} (or give no --spec-type), not {', '.join(wrong or enabled) or 'none'}")
+
+
+def check_head_pair(model_tgt: "llama.Model", model_dft: "llama.Model") -> None:
+    """Before any context is created on the head (llama.cpp asserts while reserving its graph on a mismatched
+    pair): the target's architecture exposes the layers the head reads, and the widths and vocabularies fit."""
+    from .._llama import ext
+    from .eagle3 import check_head_target
+
+    kind = "EAGLE-3" if model_dft.arch == "eagle3" else "DFlash"
+    ext.require("draft-eagle3" if model_dft.arch == "eagle3" else "draft-dflash")
+    ids = ext.model_target_layer_ids(model_dft)
+    check_head_target(kind, model_tgt, model_dft, ids, nextn_for_last=model_dft.arch == "eagle3")
+    want = model_dft.meta("eagle3.target_hidden_size") if model_dft.arch == "eagle3" else None
+    want = int(want) if want is not None else model_dft.n_embd
+    if want != model_tgt.n_embd or model_dft.n_embd != model_tgt.n_embd:
+        raise UsageError(f"{kind} draft {model_dft.path.name} was made for a target with n_embd={want}, "
+                         f"{model_tgt.path.name} has n_embd={model_tgt.n_embd}: use the head made for this target")
+    if model_dft.vocab.n_tokens != model_tgt.vocab.n_tokens:
+        raise UsageError(f"{kind} draft {model_dft.path.name} has {model_dft.vocab.n_tokens} tokens, its target "
+                         f"{model_tgt.path.name} {model_tgt.vocab.n_tokens}: use the head made for this target")

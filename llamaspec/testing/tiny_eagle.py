@@ -48,7 +48,7 @@ import numpy as np
 
 from .tiny_arch import Dims, Vocab, _base, _Model
 
-__all__ = ["EMBD", "VOCAB", "MASK", "cycle", "write_target", "write_eagle3", "write_dflash", "write_dspark",
+__all__ = ["EMBD", "VOCAB", "MASK", "cycle", "write_target", "write_target_lfm2", "write_eagle3", "write_dflash", "write_dspark",
            "write_all", "plain_continuation"]
 
 EMBD = 128
@@ -153,6 +153,42 @@ def write_target(path: str | os.PathLike[str], *, block_noise: float = 0.0, seed
         m.put(p + "ffn_gate.weight", rng.standard_normal((64, EMBD)).astype(np.float32) * 0.3)
         m.put(p + "ffn_up.weight", rng.standard_normal((64, EMBD)).astype(np.float32) * 0.3)
         m.put(p + "ffn_down.weight", rng.standard_normal((EMBD, 64)).astype(np.float32) * block_noise)
+    return _atomic_write(m, path)
+
+
+def write_target_lfm2(path: str | os.PathLike[str], *, seed: int = _CYCLE_SEED) -> Path:
+    """The same target function on ``lfm2`` (hybrid: short convolutions + attention; FULL with ``n_rs_seq``
+    = 0, RS with ``n_rs_seq`` > 0), layers conv / attention / conv with zero output projections."""
+    g = cycle(seed)
+    kinds = [0, 2, 0]  # head_count_kv per layer: 0 marks a short-convolution layer
+    m = _Writer("lfm2", Dims(n_vocab=VOCAB, n_embd=EMBD, n_head=2, n_ff=64, n_ctx=1024), 11, 0.0, 1)
+    _base(m, N_LAYER, "eagle-target-lfm2", Vocab())
+    m.u32("feed_forward_length", 64)
+    m.array("attention.head_count", [2] * N_LAYER)
+    m.array("attention.head_count_kv", kinds)
+    m.u32("shortconv.l_cache", 3)
+    rng = np.random.default_rng(seed + 200)
+    m.put("token_embd.weight", _embeddings())
+    m.ones("token_embd_norm.weight", EMBD)
+    m.put("output.weight", _output(g))
+    hd = EMBD // 2
+    for i, kv in enumerate(kinds):
+        p = f"blk.{i}."
+        m.ones(p + "ffn_norm.weight", EMBD)
+        m.put(p + "ffn_gate.weight", rng.standard_normal((64, EMBD)).astype(np.float32) * 0.3)
+        m.put(p + "ffn_up.weight", rng.standard_normal((64, EMBD)).astype(np.float32) * 0.3)
+        m.put(p + "ffn_down.weight", np.zeros((EMBD, 64), np.float32))
+        m.ones(p + "attn_norm.weight", EMBD)
+        if kv:
+            m.ones(p + "attn_q_norm.weight", hd)
+            m.ones(p + "attn_k_norm.weight", hd)
+            for n in ("attn_q", "attn_k", "attn_v"):
+                m.put(p + n + ".weight", rng.standard_normal((EMBD, EMBD)).astype(np.float32) * 0.3)
+            m.put(p + "attn_output.weight", np.zeros((EMBD, EMBD), np.float32))
+        else:
+            m.put(p + "shortconv.conv.weight", rng.standard_normal((EMBD, 3)).astype(np.float32) * 0.3)
+            m.put(p + "shortconv.in_proj.weight", rng.standard_normal((3 * EMBD, EMBD)).astype(np.float32) * 0.3)
+            m.put(p + "shortconv.out_proj.weight", np.zeros((EMBD, EMBD), np.float32))
     return _atomic_write(m, path)
 
 
@@ -289,6 +325,7 @@ def write_all(directory: str | os.PathLike[str]) -> dict[str, Path]:
     d = Path(directory)
     return {
         "target": write_target(d / "eagle-target.gguf"),
+        "target-lfm2": write_target_lfm2(d / "eagle-target-lfm2.gguf"),
         "eagle3": write_eagle3(d / "eagle3-head.gguf"),
         "eagle3-own": write_eagle3(d / "eagle3-own-head.gguf", own_head=True),
         "dflash": write_dflash(d / "dflash-head.gguf"),
