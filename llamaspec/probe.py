@@ -337,4 +337,7 @@ def heads_report(target: llama.Model, draft: llama.Model | None = None) -> dict:
     # draft-mtp: an MTP -md file carries the head, else the target's own nextn layers (loaded with load_mtp)
     why = mtp_support(draft if draft is not None and draft.n_layer_nextn > 0 else target, loaded_with_mtp=True)
     out["draft-mtp"] = {"supported": why is None, "why": why}
+    from .drafters.heads import head_support  # draft-eagle3 / draft-dflash / draft-dspark
+
+    out.update(head_support(target, draft))
     return out

@@ -109,3 +109,17 @@ def test_explicit_dspark_type_on_dflash_and_errors(heads, tiny_model):
         Engine(tiny_model("mamba"), draft=heads["dflash"], spec=spec(3), n_ctx=256)
     with pytest.raises(UsageError, match="head, not a standalone model"):
         Engine(heads["target"], draft=heads["dflash"], spec=spec(3, "draft-eagle3"), n_ctx=256)
+
+
+def test_probe_reports_head_support(heads, tiny_model):
+    from llamaspec import _llama as L
+    from llamaspec.probe import heads_report
+
+    with L.Model(heads["target"]) as t, L.Model(heads["dspark"]) as ds, L.Model(heads["eagle3"]) as e3:
+        r = heads_report(t, ds)
+        assert r["draft-dflash"]["supported"] and r["draft-dspark"]["supported"]
+        assert not r["draft-eagle3"]["supported"] and "eagle3 head" in r["draft-eagle3"]["why"]
+        assert heads_report(t, e3)["draft-eagle3"]["supported"]
+    with L.Model(tiny_model("mamba")) as m, L.Model(heads["dflash"]) as d:
+        r = heads_report(m, d)
+        assert not r["draft-dflash"]["supported"] and "layer inputs" in r["draft-dflash"]["why"]

@@ -71,3 +71,36 @@ def check_head_pair(model_tgt: "llama.Model", model_dft: "llama.Model") -> None:
     if model_dft.vocab.n_tokens != model_tgt.vocab.n_tokens:
         raise UsageError(f"{kind} draft {model_dft.path.name} has {model_dft.vocab.n_tokens} tokens, its target "
                          f"{model_tgt.path.name} {model_tgt.vocab.n_tokens}: use the head made for this target")
+
+
+def head_support(target: "llama.Model", draft: "llama.Model | None" = None) -> dict:
+    """``{type: {"supported": bool, "why": str | None}}`` for draft-eagle3 / draft-dflash / draft-dspark on this
+    target (and ``-md`` file): what the target must expose, and whether the given head fits it."""
+    from .eagle3 import LAYER_INP_ARCHS
+
+    out: dict = {}
+    for kind, arch in (("draft-eagle3", "eagle3"), ("draft-dflash", "dflash"), ("draft-dspark", "dflash")):
+        why = None
+        if target.arch not in LAYER_INP_ARCHS:
+            why = f"the {target.arch} architecture does not expose layer inputs (target features)"
+        elif draft is None or draft.arch != arch:
+            why = f"needs a {arch} head GGUF as -md (made for this target)"
+        else:
+            try:
+                check_head_pair(target, draft)
+            except UsageError as e:
+                why = str(e)
+            if why is None and kind == "draft-dspark" and not _has_markov(draft):
+                why = f"{draft.path.name} has no DSpark Markov head (markov_w1): use draft-dflash"
+        out[kind] = {"supported": why is None, "why": why}
+    return out
+
+
+def _has_markov(model: "llama.Model") -> bool:
+    from ..models.gguf_io import open_gguf
+
+    try:
+        with open_gguf(model.path) as (lay, _):
+            return any(t.name == "markov_w1.weight" for t in lay.tensors)
+    except (LlamaSpecError, OSError):
+        return False
