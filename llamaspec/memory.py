@@ -66,6 +66,19 @@ class Checkpoint:
             self.sampler = None
 
 
+@dataclass
+class PromptCheckpoint:
+    """A slot's memory after all but the last token of its prompt (spec §7.6, llama-server's prompt
+    checkpoints): what a later request that shares the prefix ``tokens`` restores where trimming cannot
+    give it back (FULL / RS memories, or a sliding-window cache whose window was pruned). ``data_spec`` is
+    the chain's per-sequence state at that point (``chain.get_state``); empty data = nothing to load."""
+
+    tokens: tuple[int, ...] = ()
+    data_tgt: bytes = b""
+    data_dft: bytes = b""
+    data_spec: bytes | None = None
+
+
 class Rollback:
     """The memory of one context at its probed level: what it can trim and what needs a checkpoint."""
 
@@ -73,6 +86,46 @@ class Rollback:
         self.ctx = ctx
         self.level = level
         self.n_rs_seq = ctx.n_rs_seq if ctx is not None else 0
+        self.n_swa = ctx.model.n_swa if ctx is not None else 0
+
+    # -- the prompt cache (spec §7.6) ----------------------------------------------------------------
+    def prompt_checkpoint_pays(self, n_prompt: int) -> bool:
+        """Whether a prompt of ``n_prompt`` tokens should leave a :class:`PromptCheckpoint`: always on FULL /
+        RS memories (a prefix cannot be trimmed back), on a sliding-window cache only when the prompt is
+        longer than the window (shorter ones keep their window: trimming works)."""
+        if self.ctx is None or n_prompt < 2:
+            return False
+        if self.level in (Level.FULL, Level.RS):
+            return True
+        return self.n_swa > 0 and n_prompt - 1 > self.n_swa
+
+    def keep_prefix(self, seq_id: int, n: int, n_cached: int) -> bool:
+        """Keep the first ``n`` of the ``n_cached`` cached tokens of ``seq_id`` by trimming, if the memory
+        can: PART trims (a sliding-window cache only while the window before ``n`` is still complete);
+        FULL / RS only keep the whole cached sequence."""
+        if self.ctx is None:
+            return True
+        if self.level is not Level.PART:
+            return n == n_cached
+        memory = self.ctx.memory
+        # a sliding-window cache reuses the cells of positions that left the window of the longer cached
+        # sequence: the window before ``n`` must still be there (llama-server's rule)
+        if self.n_swa > 0 and memory.pos_min(seq_id) > max(0, n - self.n_swa):
+            return False
+        return memory.seq_rm(seq_id, n, -1)
+
+    def save_prompt(self, seq_id: int) -> bytes:
+        """State for a :class:`PromptCheckpoint` (empty where a trim is enough: plain PART)."""
+        if self.ctx is None or (self.level is Level.PART and self.n_swa <= 0):
+            return b""
+        return self._save(seq_id)
+
+    def load_prompt(self, seq_id: int, data: bytes, n: int) -> None:
+        """Back to a :class:`PromptCheckpoint` of ``n`` tokens: load its state, drop what follows."""
+        if self.ctx is None:
+            return
+        self._load(seq_id, data)
+        self.trim(seq_id, n)
 
     # -- the level's rules (spec §9) ----------------------------------------------------------------
     def needs_checkpoint(self, n_draft: int) -> bool:

@@ -85,6 +85,8 @@ class SpeculativeRound:
                     try:
                         if s.state is SlotState.PROMPT:
                             s.n_prompt_done += s.n_prompt_chunk
+                            if s.want_prompt_ckpt and s.n_prompt_done == len(s.prompt) - 1:
+                                self._save_prompt_ckpt(s)
                             ch = self._prompt_done(s) if s.n_prompt_done == len(s.prompt) else None
                         else:
                             ch = self._verify(s)
@@ -100,7 +102,10 @@ class SpeculativeRound:
         n_batch = self.ctx.n_batch
         room = n_batch - sum(1 + len(s.spec_draft) for s in groups[-1]) if groups else 0
         for s in prompts:
-            left = len(s.prompt) - s.n_prompt_done
+            end = len(s.prompt)
+            if s.want_prompt_ckpt and s.n_prompt_done < end - 1:
+                end -= 1  # a prompt checkpoint is taken before the last token (§7.6)
+            left = end - s.n_prompt_done
             if room <= 0:
                 groups.append([])
                 room = n_batch

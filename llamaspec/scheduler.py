@@ -25,8 +25,8 @@ from typing import Sequence
 from . import _llama as llama
 from .adaptive import DraftLengthController
 from .errors import ContextOverflowError, UsageError
+from .memory import PromptCheckpoint
 from .params import RequestSpec
-from .probe import Level
 from .request import Request, RequestState
 from .sampler import TargetSampler
 from .slot import FinishReason, GenerationStats, Slot, SlotState
@@ -157,6 +157,8 @@ class Scheduler:
         slot.prompt = list(req.prompt_tokens)
         slot.n_prompt = len(slot.prompt)
         slot.n_prompt_done = n_cached
+        slot.want_prompt_ckpt = bool(self.cache_prompt and req.cache_prompt) and (
+            self.rollback_tgt.prompt_checkpoint_pays(slot.n_prompt) or self.rollback_dft.prompt_checkpoint_pays(slot.n_prompt))
         slot.n_predict = req.n_predict
         slot.stream = TextStream(req.stop)
         slot.state = SlotState.PROMPT
@@ -174,20 +176,41 @@ class Scheduler:
         req.state = RequestState.PROMPT
 
     def _reuse_cache(self, slot: Slot, req: Request) -> int:
-        """Keep the longest usable cached prefix of ``slot`` for ``req``; returns its length (0 = none)."""
+        """Keep the longest usable cached prefix of ``slot`` for ``req``; returns its length (0 = none).
+
+        A prefix is kept by trimming where every memory allows it (:meth:`Rollback.keep_prefix`), else from
+        the slot's prompt checkpoint when the new prompt starts with its tokens (spec §7.6: the chain's
+        per-sequence state comes back with it)."""
         cached = slot.cached
         n = min(common_prefix(cached, req.prompt_tokens), len(req.prompt_tokens) - 1)  # >= 1 token to decode
         if n <= 0:
             return 0
-        for rb in (self.rollback_tgt, self.rollback_dft):
-            if rb.ctx is None:
-                continue
-            if rb.level is Level.PART:
-                if not rb.ctx.memory.seq_rm(slot.seq_id, n, -1):
-                    return 0
-            elif n != len(cached):  # recurrent state: only the whole cached sequence can be continued
-                return 0
-        return n
+        rbs = [rb for rb in (self.rollback_tgt, self.rollback_dft) if rb.ctx is not None]
+        if all(rb.keep_prefix(slot.seq_id, n, len(cached)) for rb in rbs):
+            return n
+        ck = slot.prompt_ckpt
+        m = len(ck.tokens) if ck is not None else 0
+        if not 0 < m <= n or tuple(req.prompt_tokens[:m]) != ck.tokens:
+            return 0
+        self.rollback_tgt.load_prompt(slot.seq_id, ck.data_tgt, m)
+        self.rollback_dft.load_prompt(slot.seq_id, ck.data_dft, m)
+        if self.chain is not None:
+            self.chain.reset(slot.seq_id)
+            if ck.data_spec:
+                self.chain.set_state(slot.seq_id, ck.data_spec)
+        log.debug("slot %d: %d prompt tokens restored from its prompt checkpoint", slot.id, m)
+        return m
+
+    def _save_prompt_ckpt(self, slot: Slot) -> None:
+        """After ``len(prompt) - 1`` prompt tokens: remember the memory for later requests (§7.6)."""
+        seq = slot.seq_id
+        try:
+            slot.prompt_ckpt = PromptCheckpoint(
+                tuple(slot.prompt[: slot.n_prompt_done]), self.rollback_tgt.save_prompt(seq),
+                self.rollback_dft.save_prompt(seq), self.chain.get_state(seq) if self.chain is not None else None)
+        except Exception as e:  # noqa: BLE001 - only a later request's speed depends on it
+            slot.prompt_ckpt = None
+            log.warning("slot %d: could not save a prompt checkpoint (%s); later requests process their prompt", slot.id, e)
 
     # -- cancel, release ----------------------------------------------------------------------------
     def cancel(self, request: "Request | Slot") -> None:
@@ -233,6 +256,7 @@ class Scheduler:
         self.rollback_dft.release(slot.seq_id)
         slot.prompt = []
         slot.cached = []
+        slot.prompt_ckpt = None
         self._drop_sampler(slot)
 
     def _retire(self, slot: Slot) -> None:

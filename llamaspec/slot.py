@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import _llama as llama
-from .memory import Checkpoint
+from .memory import Checkpoint, PromptCheckpoint
 from .text import TextStream
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -156,6 +156,8 @@ class Slot:
         self.sampler: "TargetSampler | None" = None
         #: tokens left in memory by the last finished request (the prompt cache), and when it finished
         self.cached: list[int] = []
+        #: state after all but the last token of the last prompt, where trimming cannot restore a prefix
+        self.prompt_ckpt: PromptCheckpoint | None = None
         self.t_last = 0.0
         self.reset()
 
@@ -164,6 +166,8 @@ class Slot:
         self.n_prompt = 0
         self.n_prompt_done = 0  # prompt tokens in memory (cached or decoded so far)
         self.n_prompt_chunk = 0  # prompt tokens decoded in this round's batch
+        #: leave a prompt checkpoint after ``len(prompt) - 1`` tokens (the last prompt token is decoded alone)
+        self.want_prompt_ckpt = False
         #: per-request speculative settings (None = the engine's)
         self.spec_req = None
         #: adaptive draft length (llamaspec.adaptive), when the engine has it on

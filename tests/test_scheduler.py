@@ -140,3 +140,45 @@ def test_why_a_request_stopped_and_which_drafter_was_accepted(tiny_model, alone)
         full = e.submit(PROMPTS[0], n_predict=-1)
         full.result()
         assert (full.stop_type, full.truncated) == ("limit", True)
+
+
+@pytest.mark.parametrize("kind,draft", [("mamba", "mamba-draft"), ("lfm2", "lfm2-draft")])
+def test_prompt_checkpoint_restores_a_prefix_that_cannot_be_trimmed(tiny_model, alone, kind, draft):
+    """FULL / RS memories keep a checkpoint before the last prompt token (spec §7.6): the same prompt again
+    (a regenerate) and a prompt that shares only the previous prompt reuse all but one of its tokens."""
+    first = PROMPTS[0] + [11, 12, 14]
+    with Engine(tiny_model(kind), draft=tiny_model(draft), spec=spec(3), n_ctx=512, cache_prompt=True, **EXACT) as e:
+        r1 = e.generate(first, n_predict=8)
+        assert e.slots[0].prompt_ckpt is not None and len(e.slots[0].prompt_ckpt.tokens) == len(first) - 1
+        r2 = e.generate(first, n_predict=8)
+        assert r2.stats.n_cached == len(first) - 1
+        edited = first + [30, 31]  # the previous prompt, then something else than what was generated
+        assert edited[len(first)] != r2.tokens[0] or edited[len(first) + 1] != r2.tokens[1]
+        r3 = e.generate(edited, n_predict=8)
+        assert r3.stats.n_cached == len(first) - 1
+        r4 = e.generate(PROMPTS[1], n_predict=4, cache_prompt=False)  # no cache: the checkpoint goes too
+        assert r4.stats.n_cached == 0 and e.slots[0].prompt_ckpt is None
+    assert r1.tokens == r2.tokens == alone(kind, tuple(first), 8)
+    assert r3.tokens == alone(kind, tuple(edited), 8)
+
+
+def test_sliding_window_cache_is_not_trimmed_into_a_pruned_window(tmp_path):
+    """gemma3 (n_swa 16, context 1024, so the window cache reuses cells): a prompt longer than the window
+    leaves a checkpoint (a regenerate restores it); a shorter prefix whose window cells were reused is
+    processed again, never trimmed into a hole; outputs equal fresh runs."""
+    from llamaspec.testing.tiny_models import write_model
+
+    path = write_model("gemma3", tmp_path / "gemma3-1k.gguf", n_ctx=1024)
+    long_prompt = [(i * 5 + 3) % 61 for i in range(300)]
+    short = long_prompt[:30] + [40, 41]
+    kw = dict(n_ctx=1024, n_batch=16, **EXACT)
+    with Engine(path, **kw) as e:
+        fresh = [e.generate(long_prompt, n_predict=8).tokens, e.generate(short, n_predict=8).tokens]
+    with Engine(path, cache_prompt=True, **kw) as e:
+        r1 = e.generate(long_prompt, n_predict=8)
+        assert e.ctx.memory.pos_min(0) > 0  # the window cache did reuse cells
+        r2 = e.generate(long_prompt, n_predict=8)
+        assert r2.stats.n_cached == len(long_prompt) - 1  # from the checkpoint
+        r3 = e.generate(short, n_predict=8)
+        assert r3.stats.n_cached == 0
+    assert [r1.tokens, r3.tokens] == fresh and r2.tokens == r1.tokens
