@@ -116,6 +116,13 @@ def build_parts(
         loaded.load_mtp = load_mtp  # draft-mtp checks it: MTP blocks that were not loaded abort llama.cpp
         return loaded
 
+    if draft is not None and getattr(spec, "is_auto", False):  # auto + a head / MTP file: that head's drafter
+        from .drafters.heads import infer_draft_type
+
+        head = infer_draft_type(draft)
+        if head != ["draft-simple"]:
+            log.info("--spec-type auto with a %s draft: using %s", head[0][6:], head[0])
+            spec.types = ["none", *head]
     # draft-mtp: the target (or the -md file) is loaded with its MTP blocks, the draft context is an MTP one
     mtp = SpecType.DRAFT_MTP in spec.enabled()
     try:

@@ -1,0 +1,105 @@
+"""Parity of draft-eagle3 / draft-dflash / draft-dspark with native llama-server on the agreeing tiny fixtures
+(llamaspec.testing.tiny_eagle): same greedy tokens, same drafted / accepted counts (``timings.draft_n``,
+``draft_n_accepted``). Skipped where scripts/build_llama_cpp.sh has not built native/bin/llama-server."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from llamaspec.engine import Engine
+from llamaspec.params import SpecParams
+from llamaspec.testing import tiny_eagle as te
+
+from helpers import EXACT
+
+NATIVE = Path(__file__).resolve().parents[1] / "native" / "bin"
+pytestmark = pytest.mark.skipif(not (NATIVE / "llama-server").exists(),
+                                reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+
+PROMPT = [5, 9, 17, 3, 22, 40]
+N_PREDICT = 40
+
+# (target, head, --spec-type, n_max, p_min)
+CASES = [
+    ("target", "eagle3", "draft-eagle3", 3, 0.0),
+    ("target", "eagle3-own", "draft-eagle3", 3, 0.0),
+    ("target", "dflash", "draft-dflash", 3, 0.0),
+    ("target", "dspark", "draft-dspark", 3, 0.0),
+    ("target", "dspark", "draft-dspark", 4, 0.5),
+    ("target-lfm2", "eagle3", "draft-eagle3", 3, 0.0),
+    ("target-lfm2", "dflash", "draft-dflash", 3, 0.0),
+]
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory):
+    return te.write_all(tmp_path_factory.mktemp("heads-native"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_completion(target: Path, head: Path, spec_type: str, n_max: int, p_min: float,
+                      prompt: list[int], n_predict: int) -> dict:
+    """One greedy /completion from a fresh llama-server with the same context settings as ``ours``."""
+    port = _free_port()
+    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent / "lib"))
+    cmd = [str(NATIVE / "llama-server"), "-m", str(target), "-md", str(head), "--spec-type", spec_type,
+           "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", str(p_min), "--port", str(port),
+           "--host", "127.0.0.1", "-c", "256", "-b", "64", "-ub", "64", "-np", "1", "-t", "1", "-fa", "off",
+           "-ctk", "f32", "-ctv", "f32", "-ctkd", "f32", "-ctvd", "f32", "--no-warmup", "--temp", "0",
+           "--cache-ram", "0", "--no-webui"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except Exception:  # noqa: BLE001 - not up yet
+                if proc.poll() is not None:
+                    raise RuntimeError("llama-server exited: " + proc.stderr.read().decode(errors="replace")[-2000:])
+                time.sleep(0.2)
+        body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0, "cache_prompt": False,
+                           "return_tokens": True, "samplers": ["top_k"], "top_k": 1}).encode()
+        req = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def ours(target: Path, head: Path, spec_type: str, n_max: int, p_min: float, prompt: list[int], n_predict: int):
+    sp = SpecParams()
+    sp.add_types(spec_type)
+    sp.draft.n_max, sp.draft.p_min = n_max, p_min
+    with Engine(target, draft=head, spec=sp, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, **EXACT) as e:
+        return e.generate(prompt, n_predict=n_predict)
+
+
+@pytest.mark.parametrize("tgt,head,spec_type,n_max,p_min", CASES)
+def test_parity_with_llama_server(fixtures, tgt, head, spec_type, n_max, p_min):
+    nat = server_completion(fixtures[tgt], fixtures[head], spec_type, n_max, p_min, PROMPT, N_PREDICT)
+    r = ours(fixtures[tgt], fixtures[head], spec_type, n_max, p_min, PROMPT, N_PREDICT)
+    t = nat["timings"]
+    print(f"PARITY {tgt} {head} {spec_type} n_max={n_max} p_min={p_min}: tokens equal={r.tokens == nat['tokens']} "
+          f"drafted ours={r.stats.n_drafted} native={t.get('draft_n', 0)} "
+          f"accepted ours={r.stats.n_accepted} native={t.get('draft_n_accepted', 0)}")
+    assert r.tokens == nat["tokens"] == te.plain_continuation(PROMPT[-1], N_PREDICT)
+    assert (r.stats.n_drafted, r.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
+    assert r.stats.n_accepted > 0
