@@ -123,3 +123,38 @@ def test_probe_reports_head_support(heads, tiny_model):
     with L.Model(tiny_model("mamba")) as m, L.Model(heads["dflash"]) as d:
         r = heads_report(m, d)
         assert not r["draft-dflash"]["supported"] and "layer inputs" in r["draft-dflash"]["why"]
+
+
+def test_bench_modes_for_heads():
+    from llamaspec.bench.modes import parse_mode
+    from llamaspec.bench.native import spec_args
+
+    for t in ("draft-eagle3", "draft-dflash", "draft-dspark"):
+        m = parse_mode(t)
+        assert m.types == (t,) and m.needs_draft and not m.is_ngram
+        a = spec_args(m, SpecParams(), "head.gguf")
+        assert a[:2] == ["--spec-type", t] and a[a.index("-md") + 1] == "head.gguf"
+
+
+def test_dflash2_lattice_rule(monkeypatch):
+    """The DFlash2 selector walk of spec §4.5 on a hand-made nextn row block (no fixture model exists)."""
+    import numpy as np
+
+    from llamaspec.drafters import dflash as mod
+    from llamaspec.drafters.base import DraftParams
+
+    K, width = 2, 8
+    rows = np.zeros((4, width), np.float32)
+    # row i: K candidate ids, then K x K scores (row `pred` of the matrix is read)
+    rows[1] = [10, 11, 0.0, 5.0, 9, 9, 9, 9]  # from pred 0: scores (0, 5) -> candidate 1 = token 11
+    rows[2] = [20, 21, 9, 9, 3.0, 1.0, 9, 9]  # from pred 1: scores (3, 1) -> candidate 0 = token 20
+    rows[3] = [30, 31, 0.1, 0.0, 9, 9, 9, 9]  # from pred 0: (0.1, 0.0) -> a near tie: confidence ~0.52
+    d = mod.DFlash.__new__(mod.DFlash)
+    d.selector_top_k, d.n_embd_dec, d.ctx_dft = K, width, None
+    monkeypatch.setattr(mod.ext, "get_embeddings_nextn", lambda ctx, n, w: rows[:n])
+    dp = DraftParams(drafting=True)
+    d._draft_lattice(dp, 0, 4, 4, 0.0)
+    assert dp.result == [11, 20, 30]
+    dp = DraftParams(drafting=True)
+    d._draft_lattice(dp, 0, 4, 4, 0.6)
+    assert dp.result == [11, 20]  # the third step's confidence is below p_min

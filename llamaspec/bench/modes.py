@@ -27,7 +27,10 @@ from ..errors import UsageError
 from ..params import NAME_TO_TYPE, SpecParams
 
 #: drafter types a mode may name (ngram-cache needs cache files, the others need special models)
-MODE_TYPES = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "draft-mtp")
+MODE_TYPES = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "draft-mtp",
+              "draft-eagle3", "draft-dflash", "draft-dspark")
+#: modes whose drafter reads the -md file (draft-mtp may use the target's own head)
+DRAFT_FILE_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
 DEFAULT_LOOKUP_N = 10
 
 
@@ -51,7 +54,7 @@ class Mode:
 
     @property
     def needs_draft(self) -> bool:
-        return "draft-simple" in self.types
+        return any(t in DRAFT_FILE_TYPES for t in self.types)
 
     @property
     def exact(self) -> bool:
