@@ -83,6 +83,9 @@ def bench(quick, server_mode, clients, n_parallel, pair, model, draft_model, mod
     from llamaspec.params import SpecParams
 
     dev = pop_device_options(ngram_kw)  # -ngl -ngld -mg -sm -ts -t -tb -td, the same for every engine
+    if server_mode and (dev["rpc_servers"] or dev["rpc_servers_draft"]):
+        raise UsageError("--rpc / --rpc-draft are not supported with bench --server (use llamaspec serve --rpc and "
+                         "bench without --server)")
     for p, flag in ((json_path, "--json"), (md_path, "--markdown"), (plot_path, "--plot")):
         check_output_path(p, flag)
     if plot_path:
@@ -169,9 +172,11 @@ def bench(quick, server_mode, clients, n_parallel, pair, model, draft_model, mod
         target=target, draft=draft, modes=mode_list, engines=engine_list, prompts=prompts, n_predict=n_predict,
         repeats=repeats, n_ctx=ctx_size, n_batch=batch_size, threads=dev["n_threads"] or 0,
         threads_batch=dev["n_threads_batch"] or 0, threads_draft=dev["n_threads_draft"] or 0,
-        n_gpu_layers=0 if dev["n_gpu_layers"] is None else dev["n_gpu_layers"], n_gpu_layers_draft=dev["n_gpu_layers_draft"],
-        main_gpu=dev["main_gpu"], split_mode=dev["split_mode"],
+        # the bench's CPU default (-ngl 0) would leave RPC servers empty: with --rpc, all layers go to them
+        n_gpu_layers=(-1 if dev["rpc_servers"] else 0) if dev["n_gpu_layers"] is None else dev["n_gpu_layers"],
+        n_gpu_layers_draft=dev["n_gpu_layers_draft"], main_gpu=dev["main_gpu"], split_mode=dev["split_mode"],
         tensor_split=tuple(dev["tensor_split"]) if dev["tensor_split"] is not None else None, flash_attn=flash_attn == "on",
+        rpc_servers=dev["rpc_servers"], rpc_servers_draft=dev["rpc_servers_draft"],
         seed=seed, spec=spec, warmup=not no_warmup, measure_costs=not no_costs, near_tie_tol=near_tie_tol,
         native_dir=native_dir, pair=pair, target_name=target_name, draft_name=draft_name, prompts_file=prompts_file,
         quick=quick, command="llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None,

@@ -239,6 +239,37 @@ def test_cli_bad_servers_one_line(args, msg):
     assert msg in r.stderr and "Traceback" not in r.output and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_bench_rpc_only_with_the_llamaspec_engine():
+    r = run("bench", "--quick", "--engines", "llamaspec,native", "--rpc", "127.0.0.1:50052")
+    assert r.exit_code == 2 and "work with --engines llamaspec only (not native)" in r.stderr, r.output
+    r = run("bench", "--server", "--quick", "--rpc", "127.0.0.1:50052")
+    assert r.exit_code == 2 and "not supported with bench --server" in r.stderr, r.output
+
+
+def test_bench_rpc_reaches_the_models(monkeypatch, tmp_path):
+    """bench --rpc: the target is loaded on the servers with all layers (the bench's CPU default -ngl 0
+    would leave them empty), the draft locally (Model is replaced: no server needed)."""
+    from llamaspec import _llama as L
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_model(path, **kw):
+        seen.append(kw)
+        if len(seen) == 2:
+            raise Stop
+        return None
+
+    monkeypatch.setattr(L, "Model", fake_model)
+    r = run("bench", "--quick", "--engines", "llamaspec", "--rpc", "127.0.0.1:50052,127.0.0.1:50053", "-ts", "1,1",
+            "--no-progress", "--json", str(tmp_path / "r.json"))
+    assert isinstance(r.exception, Stop), r.output
+    assert seen[0]["rpc_servers"] == ("127.0.0.1:50052", "127.0.0.1:50053") and seen[0]["n_gpu_layers"] == -1
+    assert seen[1]["rpc_servers"] is None  # the draft stays local by default
+
+
 @pytest.mark.skipif(rpc.supported(), reason="this llama.cpp library has RPC")
 def test_build_without_rpc_says_how_to_build(tiny_model):
     r = run("generate", "x", "-m", str(tiny_model("llama")), "-n", "2", "--rpc", "127.0.0.1:50052")

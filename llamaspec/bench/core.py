@@ -47,6 +47,8 @@ class BenchConfig:
     main_gpu: int | None = None  # None = llama.cpp's default
     split_mode: str | None = None
     tensor_split: tuple[float, ...] | None = None
+    rpc_servers: tuple[str, ...] | None = None  # --rpc: the target's layers on llama.cpp RPC servers
+    rpc_servers_draft: tuple[str, ...] | None = None  # --rpc-draft (default: the draft stays local)
     flash_attn: bool = True
     seed: int = 42
     spec: SpecParams = field(default_factory=SpecParams)
@@ -73,6 +75,10 @@ class BenchConfig:
             raise UsageError("--repeats must be >= 1")
         if not self.prompts:
             raise UsageError("no prompts")
+        others = [e for e in self.engines if e != "llamaspec"]
+        if (self.rpc_servers or self.rpc_servers_draft) and others:
+            raise UsageError(f"--rpc / --rpc-draft work with --engines llamaspec only (not {', '.join(others)}): "
+                             "ggml-rpc-server serves one client at a time and this process holds the connection")
 
 
 def _nop(*_a, **_k) -> None:
@@ -184,8 +190,9 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
     machine = _machine()
 
     progress("phase", text="loading models")
-    model = llama.Model(cfg.target, n_gpu_layers=cfg.n_gpu_layers, **placement)
-    model_dft = llama.Model(cfg.draft, n_gpu_layers=ngl_draft, **placement) if cfg.draft else None
+    model = llama.Model(cfg.target, n_gpu_layers=cfg.n_gpu_layers, rpc_servers=cfg.rpc_servers, **placement)
+    model_dft = (llama.Model(cfg.draft, n_gpu_layers=ngl_draft, rpc_servers=cfg.rpc_servers_draft, **placement)
+                 if cfg.draft else None)
     runners: dict[str, Runner] = {}
     results: list[RunResult] = []
     costs: dict | None = None
@@ -313,6 +320,7 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
             "threads": threads, "threads_batch": threads_batch, "threads_draft": threads_draft,
             "n_gpu_layers": cfg.n_gpu_layers, "n_gpu_layers_draft": ngl_draft, "main_gpu": cfg.main_gpu,
             "split_mode": cfg.split_mode, "tensor_split": list(cfg.tensor_split) if cfg.tensor_split else None,
+            "rpc_servers": list(cfg.rpc_servers or []), "rpc_servers_draft": list(cfg.rpc_servers_draft or []),
             "gpu_offload_supported": supports_gpu_offload(), "flash_attn": cfg.flash_attn, "kv_cache": "f16", "sampling": "greedy (temp 0)",
             "seed": cfg.seed, "warmup": cfg.warmup, "quick": cfg.quick,
             "draft_n_max": cfg.spec.draft.n_max, "draft_n_min": cfg.spec.draft.n_min,
