@@ -335,7 +335,7 @@ CHILD = textwrap.dedent(r'''
         def on_chunk(i, ch):
             seen[0] += 1
             if seen[0] == 3:
-                os.kill(a["pid"], signal.SIGKILL)
+                os.kill(a["pid"], getattr(signal, a.get("signal", "SIGKILL")))
         t0 = time.monotonic()
         res = e.generate_many(["tok_1 tok_2", "tok_3 tok_4"], n_predict=200, sampling=greedy, on_chunk=on_chunk)
         out["results"] = [(str(r.finish_reason), r.error, len(r.tokens)) for r in res]
@@ -408,6 +408,21 @@ def test_server_killed_mid_run_fails_requests_cleanly(servers, tiny_model):
         assert reason == "error" and error.startswith(gone) and "\n" not in error, (reason, error)
         assert 0 < n < 200  # what was generated before the crash was delivered
     assert gone in out["after"] and out["local_after"] == 3
+
+
+@needs_rpc
+def test_server_that_stops_answering_times_out(servers, tiny_model):
+    """SIGSTOP: the connection stays up and nothing comes back; LLAMASPEC_RPC_TIMEOUT bounds the wait."""
+    case = {"case": "kill", "signal": "SIGSTOP", "target": str(tiny_model("llama")), "draft": str(tiny_model("llama-draft")),
+            "servers": servers.endpoints, "pid": servers.procs[0].pid}
+    p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(case)], capture_output=True, text=True, timeout=120,
+                       env=child_env(RPC_LIB, LLAMASPEC_RPC_TIMEOUT="3"), cwd=str(REPO))
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stderr[-3000:]
+    out = json.loads(lines[-1][7:])
+    for reason, error, n in out["results"]:
+        assert reason == "error" and "no reply from the RPC servers within 3 s" in error, error
+    assert out["seconds"] < 60 and out["local_after"] == 3
 
 
 @needs_rpc
