@@ -312,6 +312,8 @@ class Model(_Owned):
         self.main_gpu: int = int(params.main_gpu)
         self.split_mode: str = next((k for k, v in SPLIT_MODES.items() if v == params.split_mode), str(params.split_mode))
         self.tensor_split: tuple[float, ...] | None = ts
+        if self.rpc_devices and n_gpu_layers == 0:
+            log.warning("RPC servers given with -ngl 0: no layer of %s is offloaded, the servers hold nothing", self.path.name)
         if (n_gpu_layers or 0) > 0 and not vocab_only and not supports_gpu_offload():
             _warn_no_gpu_once()
         if not use_mmap:  # this llama.cpp has load_mode (no use_mmap field: assigning one is silently ignored)
