@@ -26,6 +26,7 @@ def heads(tmp_path_factory):
 
 def spec(n_max: int = 3, types: str | None = None) -> SpecParams:
     p = SpecParams()
+    p.parity = True  # llama.cpp's fixed draft length (no adaptive length): counts as llama.cpp's
     p.draft.n_max = n_max
     if types:
         p.add_types(types)

@@ -86,6 +86,7 @@ def server_completion(target: Path, head: Path, spec_type: str, n_max: int, p_mi
 
 def ours(target: Path, head: Path, spec_type: str, n_max: int, p_min: float, prompt: list[int], n_predict: int):
     sp = SpecParams()
+    sp.parity = True  # exactly llama.cpp's behaviour (fixed draft length)
     sp.add_types(spec_type)
     sp.draft.n_max, sp.draft.p_min = n_max, p_min
     with Engine(target, draft=head, spec=sp, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, **EXACT) as e:
