@@ -92,6 +92,10 @@ class DFlash(Drafter):
         if self.n_min > n_draft_max:
             log.warning("%s: n_min %d clamped to %d (block size %d)", self.type, self.n_min, n_draft_max, self.block_size)
             self.n_min = n_draft_max
+        n_block = self.n_max + (0 if (dspark and self.sample_from_anchor) else 1)
+        if dspark and n_seq * n_block > ctx_dft.n_ubatch:  # llama.cpp asserts on a block split across ubatches
+            raise UsageError(f"draft-dspark decodes {n_seq} blocks of {n_block} rows in one ubatch, the draft context "
+                             f"has n_ubatch={ctx_dft.n_ubatch}: raise -ub or lower -np / --spec-draft-n-max")
         for lid in self.ids:
             ext.set_embeddings_layer_inp(ctx_tgt, lid, True)
         ext.set_embeddings_nextn(ctx_dft, True, masked=not self.is_dflash2)
