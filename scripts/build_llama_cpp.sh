@@ -25,7 +25,8 @@ Options:
                         DIR/src        the extracted llama.cpp tree
                         DIR/build      the cmake build tree
                         DIR/lib        shared libraries (libllama + libggml*), for LLAMA_CPP_LIB_PATH
-                        DIR/bin        tools (llama-server, llama-speculative-simple, llama-cli, llama-bench)
+                        DIR/bin        tools (llama-server, llama-speculative-simple, llama-cli, llama-bench;
+                                       ggml-rpc-server with --rpc)
                         DIR/include    llama.h and the ggml headers
   --targets WHAT      lib    the shared library only (usable via LLAMA_CPP_LIB_PATH)
                       tools  llama-server, llama-speculative-simple, llama-cli, llama-bench (+ the library)
@@ -34,7 +35,8 @@ Options:
   --cuda              GGML_CUDA=ON (needs nvcc; e.g. --cmake-arg -DCMAKE_CUDA_ARCHITECTURES=native)
   --metal             GGML_METAL=ON (the default on macOS; --no-metal turns it off)
   --no-metal          GGML_METAL=OFF
-  --rpc               GGML_RPC=ON
+  --rpc               GGML_RPC=ON: the RPC backend in the library (libggml-rpc, for llamaspec --rpc) and,
+                      with --targets tools or all, the server ggml-rpc-server to run where the layers live
   --cmake-arg ARG     extra argument for the cmake configure step (repeatable), e.g. -DGGML_NATIVE=OFF
   --jobs N            parallel build jobs (default: number of CPUs)
   --sdist PATH        use this llama-cpp-python ${LCP_VERSION} sdist instead of downloading it: the
