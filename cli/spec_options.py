@@ -15,15 +15,16 @@ _OPTIONS = [
                  help="ngram-lookup / auto: the longest n-gram draft, 0..1024 (default 32; each round's length is "
                       "chosen from measured acceptance and cost)."),
     click.option("--spec-default", is_flag=True, help="ngram-mod with n_match 24, n_min 48, n_max 64 (llama.cpp's default)."),
-    click.option("--spec-draft-n-max", type=int, default=None, help="Max drafted tokens per round (draft models; default 3)."),
+    click.option("--spec-draft-n-max", type=int, default=None, help="Max drafted tokens per round (draft models; default 12 with the adaptive length, else 3 as llama.cpp)."),
     click.option("--spec-draft-n-min", type=int, default=None, help="Min drafted tokens, shorter drafts are dropped (default 0)."),
     click.option("--spec-draft-p-min", "--draft-p-min", type=float, default=None, help="Stop drafting below this draft probability (default 0)."),
     click.option("--spec-draft-reuse-kv/--no-spec-draft-reuse-kv", "spec_draft_reuse_kv", default=None,
                  help="Beyond llama.cpp: keep the draft's own KV instead of re-decoding each verified batch in the "
                       "draft model (draft-simple; ~10% faster on Gemma-270M; default: on, off with --spec-parity)."),
-    click.option("--spec-draft-adaptive", is_flag=True,
-                 help="Beyond llama.cpp: choose each round's draft length per slot from measured acceptance and costs "
-                      "(--spec-draft-n-max is the ceiling)."),
+    click.option("--spec-draft-adaptive/--no-spec-draft-adaptive", "spec_draft_adaptive", default=None,
+                 help="Beyond llama.cpp: choose each round's draft-model length per slot from measured acceptance and "
+                      "costs, shorter when many slots draft together (--spec-draft-n-max is the ceiling, default "
+                      "12; default: on, off with --spec-parity: llama.cpp's fixed length, default 3)."),
     click.option("--spec-parity", is_flag=True,
                  help="Behave exactly like llama.cpp (parity runs): no draft-KV reuse. Greedy output is the same "
                       "either way; drafts and statistics can differ at near-ties."),
@@ -47,10 +48,10 @@ def spec_options(f):
 
 def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max, spec_draft_n_min, spec_draft_p_min,
                       spec_synth_len, spec_synth_rates, verify, spec_draft_reuse_kv=None,
-                      spec_replay_accept_corrected=False, spec_parity=False, spec_draft_adaptive=False, spec_ngram_lookup_n_max=None, **extra):
+                      spec_replay_accept_corrected=False, spec_parity=False, spec_draft_adaptive=None, spec_ngram_lookup_n_max=None, **extra):
     """SpecParams from the flags, validated with llama.cpp's rules and clear messages."""
     from llamaspec.errors import UsageError
-    from llamaspec.params import SpecParams
+    from llamaspec.params import ADAPTIVE_DRAFT_N_MAX, SpecParams
 
     p = SpecParams()
     for t in spec_type:
@@ -78,7 +79,7 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
         p.draft.p_min = spec_draft_p_min
     p.draft.reuse_kv = spec_draft_reuse_kv
     p.parity = bool(spec_parity)
-    p.draft_adaptive = bool(spec_draft_adaptive)
+    p.draft_adaptive = spec_draft_adaptive
     p.replay_accept_corrected = bool(spec_replay_accept_corrected)
     if spec_synth_len is not None or spec_synth_rates is not None:
         from llamaspec.synth import parse_synth_len, parse_synth_rates
@@ -89,6 +90,8 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
             p.synth_len = parse_synth_len(spec_synth_len)
         if spec_synth_rates is not None:
             p.synth_rates = parse_synth_rates(spec_synth_rates)
+    if spec_draft_n_max is None and p.draft_adaptive_on():
+        p.draft.n_max = ADAPTIVE_DRAFT_N_MAX  # the ceiling of the adaptive length
     from .ngram_options import apply_ngram_options
 
     apply_ngram_options(p, extra)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["DraftLengthController", "expected_tokens", "best_draft_length", "CostModel"]
+__all__ = ["DraftLengthController", "expected_tokens", "best_draft_length", "best_shared_length", "CostModel"]
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -59,6 +59,30 @@ def best_draft_length(rates: list[float], k_max: int, verify_cost: Callable[[int
     return best_k
 
 
+def best_shared_length(rates: list[list[float]], caps: list[int], batch_cost: Callable[[int], float],
+                       step_cost: float) -> int:
+    """One draft length for the ``B`` slots that draft in the same round (vLLM's per-batch-size draft length):
+    slot ``i`` drafts ``min(k, caps[i])`` tokens, the round costs the decode of all their rows together,
+    ``batch_cost(rows)`` (relative to a one-row decode), plus ``k`` batched draft steps of ``step_cost``
+    each; the ``k`` with the most expected tokens per unit cost wins. As the batch grows, a row costs more
+    and the best ``k`` shrinks.
+
+    >>> cost = lambda rows: 1.0 + 0.08 * (rows - 1)        # each extra row costs 8% of a one-row decode
+    >>> [best_shared_length([[0.8] * 8] * b, [8] * b, cost, 0.1 * b) for b in (1, 2, 4, 8)]
+    [4, 3, 1, 0]
+    """
+    b = len(caps)
+    best_k, best = 0, b / max(batch_cost(b), 1e-9)
+    for k in range(1, max(caps, default=0) + 1):
+        ks = [min(k, c) for c in caps]
+        tokens = sum(expected_tokens(r, kk) for r, kk in zip(rates, ks))
+        cost = batch_cost(sum(ks) + b) + max(ks) * step_cost
+        value = tokens / max(cost, 1e-9)
+        if value > best * (1 + 1e-9):
+            best_k, best = k, value
+    return best_k
+
+
 class DraftLengthController:
     """Per-slot estimates of ``a_i`` and the choice of the next draft length (module docstring)."""
 
@@ -86,7 +110,10 @@ class DraftLengthController:
 
     def choose(self, verify_cost: Callable[[int], float], draft_cost: float, k_cap: int | None = None) -> int:
         k_max = self.k_max if k_cap is None else min(self.k_max, k_cap)
-        k = best_draft_length(self.rates(), k_max, verify_cost, draft_cost)
+        return self.explore(best_draft_length(self.rates(), k_max, verify_cost, draft_cost), k_max)
+
+    def explore(self, k: int, k_max: int) -> int:
+        """``k`` as chosen, except that after ``explore_every`` rounds of not drafting one token is tried."""
         if k == 0 and k_max > 0:
             self._idle += 1
             if self._idle >= self.explore_every:  # conditions change with the text: look again now and then

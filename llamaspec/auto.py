@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from .adaptive import CostModel
+from .adaptive import CostModel, DraftLengthController
 from .chain import Chain
 from .drafters.base import DraftParams, Drafter
 
@@ -101,6 +101,9 @@ class GatedDrafter(Drafter):
         self.n_gate_off = 0
         self.n_gated = 0  # rounds a slot was not asked because it was switched off
         self.last_gain: float | None = None
+        #: per slot, the draft length that pays best now (llamaspec.adaptive; None = the fixed n_max)
+        self.lengths: list[DraftLengthController | None] = [None] * inner.n_seq
+        self.adaptive = False
 
     type = property(lambda self: self.inner.type)
     n_max = property(lambda self: self.inner.n_max, lambda self, v: setattr(self.inner, "n_max", v))
@@ -109,6 +112,19 @@ class GatedDrafter(Drafter):
     def begin(self, seq_id, prompt):
         self.inner.begin(seq_id, prompt)
         self._k[seq_id] = 0
+        if self.adaptive:  # a new request starts from the drafter's acceptance so far
+            st = self.inner.stats
+            prior = st.n_acc_tokens / st.n_gen_tokens if st.n_gen_tokens >= 32 else 0.7
+            self.lengths[seq_id] = DraftLengthController(max(1, self.inner.n_max), prior_rate=min(max(prior, 0.05), 0.98))
+
+    def _length(self, seq_id: int, dp: DraftParams) -> int:
+        """This round's draft length for ``seq_id`` (``dp.n_max`` unless adaptive)."""
+        ctl = self.lengths[seq_id]
+        cm = self.auto.cost
+        if ctl is None or not cm.decode_ms.get(1):
+            return dp.n_max
+        cap = dp.n_max if dp.n_max > 0 else self.inner.n_max
+        return ctl.choose(cm.verify_cost, cm.draft_cost_of(self.inner.stats), k_cap=cap)
 
     def process(self, rows):
         t0 = time.perf_counter()
@@ -119,6 +135,7 @@ class GatedDrafter(Drafter):
 
     def draft(self, params: Sequence[DraftParams]) -> None:
         off = []
+        n_max_was: dict[int, int] = {}
         for seq_id, dp in enumerate(params):
             self._k[seq_id] = 0
             if not dp.drafting:
@@ -131,12 +148,21 @@ class GatedDrafter(Drafter):
                 off.append(dp)
                 if g.off == 0:
                     g.restart()  # try again from the next round
+                continue
+            k = self._length(seq_id, dp)
+            if k <= 0:  # no draft length pays this round
+                dp.drafting = False
+                off.append(dp)
+            elif k != dp.n_max:
+                n_max_was[seq_id], dp.n_max = dp.n_max, k
         try:
             if any(dp.drafting for dp in params):
                 self.inner.draft(params)
         finally:
             for dp in off:
                 dp.drafting = True  # the chain sees an empty result: "no draft from this drafter"
+            for seq_id, n in n_max_was.items():
+                params[seq_id].n_max = n
         for seq_id, dp in enumerate(params):
             if dp.drafting and dp.result:
                 self._k[seq_id] = len(dp.result)
@@ -147,6 +173,9 @@ class GatedDrafter(Drafter):
         self._k[seq_id] = 0
         if is_other or k <= 0:
             return
+        ctl = self.lengths[seq_id]
+        if ctl is not None:
+            ctl.update(k, n_accepted)
         cm = self.auto.cost
         base = cm.decode_ms.get(1)
         st = self.inner.stats
@@ -262,6 +291,7 @@ def build_auto_chain(params: "SpecParams", n_seq: int, ctx_tgt, ctx_dft) -> Auto
             inner = FACTORIES[SpecType.DRAFT_SIMPLE](params, n_seq, ctx_tgt, ctx_dft)
             impls.append(inner)
             gated = GatedDrafter(inner, chain)
+            gated.adaptive = params.draft_adaptive_on()
             chain.impls.append(gated)
             ngram = chain.impls[0]
 

@@ -36,7 +36,7 @@ from .contexts import build_parts
 from .drafters.base import Drafter
 from .errors import EngineClosedError, LlamaSpecError, UsageError
 from .memory import DraftRollback, TargetRollback
-from .params import SpecParams
+from .params import ADAPTIVE_DRAFT_N_MAX, ADAPTIVE_TYPES, SpecParams
 from .request import Request, RequestState
 from .round import SpeculativeRound
 from .scheduler import Scheduler
@@ -122,7 +122,11 @@ class Engine(Scheduler, SpeculativeRound):
             raise UsageError(f"batch size must be >= 1, got {n_batch}")
         if verify not in VERIFY_MODES:
             raise UsageError(f"unknown verification mode {verify!r} (valid: {', '.join(VERIFY_MODES)})")
-        spec = copy.deepcopy(spec) if spec is not None else SpecParams()
+        if spec is None:  # llamaspec's defaults: the draft model's length is adaptive up to a larger ceiling
+            spec = SpecParams()
+            spec.draft.n_max = ADAPTIVE_DRAFT_N_MAX
+        else:
+            spec = copy.deepcopy(spec)
         if draft is not None and spec.types_are_default:
             from .drafters.heads import infer_draft_type  # a head / MTP GGUF selects its drafter (spec §1.1)
 
@@ -164,8 +168,10 @@ class Engine(Scheduler, SpeculativeRound):
         self.cache_prompt = cache_prompt
         self.totals = GenerationStats()
         self.n_requests_done = 0
-        #: adaptive draft length (SpecParams.draft_adaptive): online costs in units of one target decode
-        self.cost_model = CostModel() if (self.chain is not None and spec.draft_adaptive and not spec.parity) else None
+        #: adaptive draft length (SpecParams.draft_adaptive, on by default): online costs in units of one target
+        #: decode; for chains of draft-model drafters only (n-gram drafters and auto choose their own lengths)
+        self.cost_model = CostModel() if (self.chain is not None and spec.draft_adaptive_on()
+                                          and all(t in ADAPTIVE_TYPES for t in self.chain.types)) else None
         self.n_decode_total = 0  # target decode calls
         self.n_busy_slots_total = 0  # slots in them, summed (/ n_decode_total = busy slots per decode)
         self._thread: threading.Thread | None = None

@@ -94,6 +94,13 @@ def types_from_names(names: str | list[str]) -> list[str]:
     return out
 
 
+#: the draft model's ceiling when its length is adaptive and no n_max was given (llama.cpp's fixed default is 3)
+ADAPTIVE_DRAFT_N_MAX = 12
+#: drafters whose length the engine chooses per round when ``draft_adaptive`` is on (one draft-model step per
+#: drafted token); n-gram drafters, block drafters (DFlash/DSpark) and ``auto`` keep their own lengths
+ADAPTIVE_TYPES = ("draft-simple", "draft-mtp", "draft-eagle3")
+
+
 @dataclass
 class DraftModelParams:
     n_max: int = 3
@@ -205,8 +212,14 @@ class SpecParams:
     #: fastest path that keeps greedy output equal to the target's
     parity: bool = False
     #: beyond llama.cpp: choose each round's draft length per slot from its measured acceptance and the
-    #: measured costs (llamaspec.adaptive); the configured n_max becomes the ceiling. Off with ``parity``.
-    draft_adaptive: bool = False
+    #: measured costs (llamaspec.adaptive); the configured n_max becomes the ceiling. None = on; off with
+    #: ``parity`` (draft-model drafters only: n-gram drafters keep their own lengths)
+    draft_adaptive: bool | None = None
+
+    def draft_adaptive_on(self) -> bool:
+        """Whether the draft model's length is chosen per round (``draft_adaptive``, default on; never with parity
+        or synthetic acceptance, whose lengths are the experiment)."""
+        return not self.parity and self.draft_adaptive is not False and not self.has_synth()
 
     def draft_reuse_kv(self) -> bool:
         """Whether draft-simple keeps its own KV (``draft.reuse_kv``, or on by default unless ``parity``)."""

@@ -17,6 +17,7 @@ import time
 from typing import Iterator
 
 from . import _llama as llama
+from .adaptive import best_shared_length
 from .errors import LlamaSpecError, MemoryOpError
 from .probe import Level
 from .request import RequestState
@@ -113,32 +114,56 @@ class SpeculativeRound:
             groups[-1].append(s)
             room -= s.n_prompt_chunk
 
+    def _adaptive_lengths(self, caps: list[tuple[Slot, int]]) -> list[tuple[Slot, int]]:
+        """Beyond llama.cpp (:mod:`llamaspec.adaptive`): the draft length that pays best now, from each slot's
+        measured acceptance and the measured costs; alone a slot gets its own best length, several drafting
+        slots share one (the cost of a row grows with the batch: longer batches, shorter drafts)."""
+        cost = self.cost_model
+        live = [(s, n) for s, n in caps if s.adaptive is not None and n > 0]
+        if len(live) == 1:
+            s, n = live[0]
+            chosen = {s.id: s.adaptive.choose(cost.verify_cost, cost.draft_cost(), k_cap=n)}
+        elif live:
+            k = best_shared_length([s.adaptive.rates() for s, _ in live], [n for _, n in live],
+                                   lambda rows: cost.verify_cost(rows - 1), cost.draft_cost() * len(live))
+            chosen = {s.id: s.adaptive.explore(min(k, n), n) for s, n in live}
+        else:
+            return caps
+        return [(s, chosen.get(s.id, n)) for s, n in caps]
+
     def _draft(self, gen: list[Slot], out: list[Chunk]) -> list[Slot]:
         """§7.2 drafting phase: one ``chain.draft()`` for every slot that may draft; replay rounds skip it.
         When the chain raises, each slot drafts alone, and the slot whose draft raises fails."""
         chain = self.chain
         requested: list[Slot] = []
+        caps: list[tuple[Slot, int]] = []
         for s in gen:
-            dp = chain.dparams[s.seq_id]
-            dp.drafting = False
+            chain.dparams[s.seq_id].drafting = False
             try:
                 if s.spec_draft:  # replay round: no new draft
                     self.rollback_tgt.check_replay(s)
                     continue
-                n_max = self._n_draft_max(s)
-                req = s.spec_req
-                if req is not None and req.n_max is not None:
-                    n_max = min(n_max, req.n_max)  # per-request settings only lower the engine's
-                if s.adaptive is not None and n_max > 0:  # beyond llama.cpp: the length that pays best now
-                    cost = self.cost_model
-                    n_max = s.adaptive.choose(cost.verify_cost, cost.draft_cost(), k_cap=n_max)
-                if n_max <= 0:
-                    continue
+            except Exception as e:  # noqa: BLE001 - confined to this slot
+                out.append(self._fail(s, e))
+                continue
+            n_max = self._n_draft_max(s)
+            req = s.spec_req
+            if req is not None and req.n_max is not None:
+                n_max = min(n_max, req.n_max)  # per-request settings only lower the engine's
+            caps.append((s, n_max))
+        if self.cost_model is not None:
+            caps = self._adaptive_lengths(caps)
+        for s, n_max in caps:
+            if n_max <= 0:
+                continue
+            try:
                 self.rollback_tgt.mark(s)
                 self.rollback_dft.before_draft(s)
             except Exception as e:  # noqa: BLE001 - confined to this slot
                 out.append(self._fail(s, e))
                 continue
+            req = s.spec_req
+            dp = chain.dparams[s.seq_id]
             dp.drafting, dp.n_max, dp.pos0, dp.id_last = True, n_max, s.n_past, s.sampled
             dp.prompt, dp.result, dp.probs = tuple(s.prompt), [], None
             dp.n_min = req.n_min if req is not None else None

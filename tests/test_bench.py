@@ -179,6 +179,24 @@ def test_parse_modes():
             parse_modes(bad) if bad else parse_mode(bad)
 
 
+def test_fixed_length_and_default_modes():
+    """``draft-simple:N`` fixes the draft n_max for every engine; ``default`` is llamaspec's own settings."""
+    fixed, default = parse_modes("draft-simple:8,default")
+    assert fixed.name == "draft-simple:8" and fixed.spec_params(SpecParams()).draft.n_max == 8
+    a = spec_args(fixed, SpecParams(), "/d.gguf")
+    assert a[a.index("--spec-draft-n-max") + 1] == "8" and a[a.index("--spec-type") + 1] == "draft-simple"
+    p = default.spec_params(SpecParams())
+    assert default.is_default and default.uses_draft and not default.needs_draft
+    assert p.is_auto and p.draft_adaptive_on() and p.draft.n_max > 3
+    from llamaspec.bench.runners import NativeRunner, RunSettings
+
+    native = NativeRunner("/t.gguf", "/d.gguf", RunSettings(n_ctx=256, n_batch=64, threads=1, flash_attn=False, seed=1, spec=SpecParams()))
+    assert "llamaspec's own" in native.supports(default)
+    for bad in ("ngram-mod:4", "draft-simple:x", "draft-simple:0"):
+        with pytest.raises(UsageError):
+            parse_mode(bad)
+
+
 def test_spec_args_match_llamaspec_settings():
     p = SpecParams()
     p.draft.n_max = 5

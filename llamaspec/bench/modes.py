@@ -8,10 +8,17 @@ A mode is one of
 * ``synth:L`` — draft-simple with synthetic acceptance of mean length ``L`` (``--spec-synth-len``; the
   output is not the model's, so it is left out of the token-equality check);
 * ``lookup`` / ``lookup:N`` — llama-cpp-python's ``LlamaPromptLookupDecoding(num_pred_tokens=N)`` (default
-  10); only the llama-cpp-python engine runs it.
+  10); only the llama-cpp-python engine runs it;
+* ``TYPES:N`` — the same drafters with the draft model's ``n_max`` fixed at ``N`` (``draft-simple:8``), to
+  find an engine's best fixed draft length in one run;
+* ``default`` — llamaspec's defaults, as ``llamaspec generate`` runs without speculative flags (``auto``:
+  ngram-lookup, then the draft model when there is one, adaptive draft length up to
+  :data:`~llamaspec.params.ADAPTIVE_DRAFT_N_MAX`); only the llamaspec engine runs it.
 
->>> [m.name for m in parse_modes("plain, draft-simple,ngram-mod+draft-simple,synth:3,lookup")]
-['plain', 'draft-simple', 'ngram-mod+draft-simple', 'synth:3.0', 'lookup:10']
+>>> [m.name for m in parse_modes("plain, draft-simple,ngram-mod+draft-simple,synth:3,lookup,draft-simple:8,default")]
+['plain', 'draft-simple', 'ngram-mod+draft-simple', 'synth:3.0', 'lookup:10', 'draft-simple:8', 'default']
+>>> parse_mode("draft-simple:8").spec_params().draft.n_max, parse_mode("default").spec_params().is_auto
+(8, True)
 >>> parse_mode("ngram-mod+draft-simple").types
 ('ngram-mod', 'draft-simple')
 >>> parse_mode("synth:2.5").exact, parse_mode("ngram-mod").exact
@@ -24,10 +31,10 @@ import math
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..params import NAME_TO_TYPE, SpecParams
+from ..params import ADAPTIVE_DRAFT_N_MAX, NAME_TO_TYPE, SpecParams
 
 #: drafter types a mode may name (ngram-cache needs cache files, the others need special models)
-MODE_TYPES = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "draft-mtp",
+MODE_TYPES = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-lookup", "draft-mtp",
               "draft-eagle3", "draft-dflash", "draft-dspark")
 #: modes whose drafter reads the -md file (draft-mtp may use the target's own head)
 DRAFT_FILE_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
@@ -40,6 +47,13 @@ class Mode:
     types: tuple[str, ...] = ()
     synth_len: float | None = None
     lookup_n: int | None = None
+    #: the draft model's fixed n_max for this mode (``TYPES:N``); None = the benchmark's --spec-draft-n-max
+    n_max: int | None = None
+
+    @property
+    def is_default(self) -> bool:
+        """llamaspec's own defaults (``auto``, adaptive length): no other engine has them."""
+        return self.types == ("auto",)
 
     @property
     def kind(self) -> str:
@@ -55,6 +69,11 @@ class Mode:
     @property
     def needs_draft(self) -> bool:
         return any(t in DRAFT_FILE_TYPES for t in self.types)
+
+    @property
+    def uses_draft(self) -> bool:
+        """Runs with the draft model when there is one (``default`` uses it when given, without needing it)."""
+        return self.needs_draft or self.is_default
 
     @property
     def exact(self) -> bool:
@@ -73,6 +92,11 @@ class Mode:
         p.types = ["none"]
         if self.types:
             p.add_types(list(self.types))
+        if self.is_default:
+            p.parity, p.draft_adaptive, p.draft.reuse_kv = False, None, None
+            p.draft.n_max = ADAPTIVE_DRAFT_N_MAX
+        elif self.n_max is not None:
+            p.draft.n_max = self.n_max
         p.synth_len = -1.0 if self.synth_len is None else float(self.synth_len)
         p.synth_rates = []
         return p
@@ -84,6 +108,8 @@ def parse_mode(text: str) -> Mode:
         raise UsageError("empty mode name in --modes")
     if s == "plain" or s == "none":
         return Mode("plain")
+    if s == "default":
+        return Mode("default", types=("auto",))
     if s == "lookup" or s.startswith("lookup:"):
         n = DEFAULT_LOOKUP_N
         if ":" in s:
@@ -102,16 +128,29 @@ def parse_mode(text: str) -> Mode:
         if not math.isfinite(length) or length < 1.0:
             raise UsageError(f"mode {s!r}: the synthetic mean length must be >= 1")
         return Mode(f"synth:{length}", types=("draft-simple",), synth_len=length)
+    n_max = None
+    if ":" in s:
+        s, _, n_text = s.partition(":")
+        try:
+            n_max = int(n_text)
+        except ValueError:
+            raise UsageError(f"mode {text.strip()!r}: TYPES:N needs an integer N (the draft model's n_max)") from None
+        if n_max < 1:
+            raise UsageError(f"mode {text.strip()!r}: the draft n_max must be >= 1")
     types = tuple(t.strip() for t in s.split("+"))
     for t in types:
         if t not in MODE_TYPES:
             extra = " (ngram-cache needs cache files: use llamaspec generate -lcs/-lcd)" if t == "ngram-cache" else ""
-            known = ", ".join(("plain",) + MODE_TYPES + ("synth:L", "lookup[:N]"))
+            known = ", ".join(("plain", "default") + MODE_TYPES + ("TYPES:N", "synth:L", "lookup[:N]"))
             if t in NAME_TO_TYPE and not extra:
                 extra = " (not supported by the benchmark)"
             raise UsageError(f"unknown benchmark mode {t!r}{extra}; known: {known}")
     if len(set(types)) != len(types):
         raise UsageError(f"mode {s!r} names a drafter twice")
+    if n_max is not None:
+        if not any(t.startswith("draft-") for t in types):
+            raise UsageError(f"mode {text.strip()!r}: :N sets the draft model's n_max; {s} has no draft-model drafter")
+        return Mode(f"{'+'.join(types)}:{n_max}", types=types, n_max=n_max)
     return Mode("+".join(types), types=types)
 
 

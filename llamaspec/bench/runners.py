@@ -122,7 +122,7 @@ class LlamaspecRunner(Runner):
         # draft-mtp needs the target loaded with its MTP blocks: the engine loads its own copy
         target = self.model.path if "draft-mtp" in mode.types else self.model
         self.engines[mode.name] = Engine(
-            target, draft=self.model_dft if mode.needs_draft else None, spec=mode.spec_params(self.s.spec),
+            target, draft=self.model_dft if mode.uses_draft else None, spec=mode.spec_params(self.s.spec),
             n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, n_threads=self.s.threads, flash_attn=self.s.flash_attn,
             n_threads_batch=self.s.threads_batch or None, n_threads_draft=self.s.threads_draft or None)
 
@@ -186,6 +186,9 @@ class NativeRunner(Runner):
             return "prompt lookup is llama-cpp-python's drafter"
         if mode.needs_draft and not self.draft:
             return "no draft model (give --pair or -md)"
+        own = [t for t in mode.types if t in ("auto", "ngram-lookup")]
+        if own:
+            return f"{own[0]} is llamaspec's own (beyond llama.cpp)"
         tool = self.tool(mode)
         if (self.simple_bin if tool == SPEC_SIMPLE else self.server_bin) is None:
             return f"native tool {tool} is not built (run scripts/build_llama_cpp.sh --targets tools)"
