@@ -307,7 +307,7 @@ def probe(target: llama.Model, draft: llama.Model | None = None, *, measure: boo
     ``n_threads``) and processes batches with the target's ``n_threads_batch``."""
     rep = ProbeReport(target=report_model(target, measure=measure, n_rs_seq=n_rs_seq, n_threads=n_threads,
                                           checkpoint_tokens=checkpoint_tokens, n_threads_batch=n_threads_batch))
-    if draft is not None:
+    if draft is not None and draft.arch not in ("eagle3", "dflash"):  # a head has no context of its own: `heads`
         rep.draft = report_model(draft, measure=measure, n_rs_seq=n_rs_seq, n_threads=n_threads_draft or n_threads,
                                  checkpoint_tokens=checkpoint_tokens, n_threads_batch=n_threads_batch or n_threads)
         rules = check_vocab_compat(target.vocab, draft.vocab)

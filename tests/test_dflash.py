@@ -159,3 +159,12 @@ def test_dflash2_lattice_rule(monkeypatch):
     dp = DraftParams(drafting=True)
     d._draft_lattice(dp, 0, 4, 4, 0.6)
     assert dp.result == [11, 20]  # the third step's confidence is below p_min
+
+
+def test_probe_with_a_head_as_draft(heads):
+    from llamaspec import _llama as L
+    from llamaspec.probe import probe
+
+    with L.Model(heads["target"]) as t, L.Model(heads["dflash"]) as d:
+        rep = probe(t, d, measure=False).to_dict()  # no context on the head alone (it needs ctx_other)
+    assert rep["heads"]["draft-dflash"]["supported"] and "draft" not in rep
