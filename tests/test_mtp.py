@@ -35,6 +35,7 @@ def mtp_models(tmp_path_factory) -> dict[str, Path]:
 def _spec(**draft) -> SpecParams:
     sp = SpecParams()
     sp.add_types("draft-mtp")
+    sp.parity = True  # llama.cpp's fixed draft length (no adaptive length): counts as llama-server's
     for k, v in draft.items():
         setattr(sp.draft, k, v)
     return sp
@@ -155,7 +156,7 @@ def test_chained_heads_clamp_n_max(mtp_models):
 
 def test_md_mtp_gguf_selects_draft_mtp(mtp_models):
     path = mtp_models["qwen35-mtp"]
-    with Engine(path, draft=path, n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1) as eng:
+    with Engine(path, draft=path, spec=SpecParams(parity=True), n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1) as eng:
         assert eng.spec.types == ["none", "draft-mtp"] and eng.chain.types == ["draft-mtp"]
         r = eng.generate(PROMPTS[0], n_predict=N_PREDICT, sampling=L.SamplingParams(temp=0.0))
     assert r.tokens == _plain(path, 1)[0] and r.stats.n_accepted > 0
@@ -165,7 +166,7 @@ def test_separate_mtp_gguf_equals_the_built_in_head(mtp_models):
     target = mtp_models["qwen35-mtp"]
     head = tiny_mtp.write_qwen35_mtp(target.parent / "qwen35-mtp-head.gguf", mtp_only=True)
     built_in, *_ = _run(target, _spec(n_max=3))
-    with Engine(target, draft=head, n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1) as eng:
+    with Engine(target, draft=head, spec=SpecParams(parity=True), n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1) as eng:
         assert eng.chain.types == ["draft-mtp"] and eng.model_dft is not eng.model
         r = eng.generate(PROMPTS[0], n_predict=N_PREDICT, sampling=L.SamplingParams(temp=0.0))
     b = built_in[0]
