@@ -143,3 +143,17 @@ def test_cli_generate_infers_the_head(heads, tmp_path):
     assert res.exit_code == 0, res.output
     assert "draft-eagle3" in out.read_text()
     json.loads(out.read_text())
+
+
+def test_behind_an_ngram_drafter(heads):
+    """ngram-simple wins the rounds where the prompt's cycle repeats; the head still sees every batch (the bridge
+    row carries its deferred position across rounds it did not draft) and drafts well afterwards."""
+    prompt = [5] + te.plain_continuation(5, 70)
+    prompt = prompt[:30] + [7, 8] + prompt[30:]
+    with Engine(heads["target"], draft=heads["eagle3"], spec=spec(3, "ngram-simple,draft-eagle3"), n_ctx=256,
+                **EXACT) as e:
+        r = e.generate(prompt, n_predict=60)
+        st = {d.type: d.stats for d in e.chain.impls}
+    assert r.tokens == te.plain_continuation(prompt[-1], 60)
+    assert set(r.stats.n_accepted_by_type) == {"ngram-simple", "draft-eagle3"}
+    assert st["draft-eagle3"].n_acc_tokens > 0.5 * st["draft-eagle3"].n_gen_tokens

@@ -146,3 +146,20 @@ def test_parity_with_llama_server_4_slots(fixtures, head, spec_type):
               f"native={t.get('draft_n', 0)} accepted ours={r.stats.n_accepted} native={t.get('draft_n_accepted', 0)}")
         assert r.tokens == n["tokens"] == te.plain_continuation(p[-1], N_PREDICT)
         assert (r.stats.n_drafted, r.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
+
+
+@pytest.mark.parametrize("head,types", [("eagle3", "ngram-simple,draft-eagle3"), ("dflash", "ngram-mod,draft-dflash")])
+def test_parity_in_a_chain(fixtures, head, types):
+    """The head behind an n-gram drafter of higher priority: rounds the n-gram drafter wins still feed the head
+    (EAGLE-3's bridge row); the prompt repeats the target's cycle so the n-gram drafter really drafts."""
+    prompt = [5] + te.plain_continuation(5, 70)
+    prompt = prompt[:30] + [7, 8] + prompt[30:]
+    nat = server_completion(fixtures["target"], fixtures[head], types, 3, 0.0, prompt, 60)
+    r = ours(fixtures["target"], fixtures[head], types, 3, 0.0, prompt, 60)
+    t = nat["timings"]
+    print(f"PARITY chain {types}: tokens equal={r.tokens == nat['tokens']} drafted ours={r.stats.n_drafted} "
+          f"native={t.get('draft_n', 0)} accepted ours={r.stats.n_accepted} native={t.get('draft_n_accepted', 0)} "
+          f"by type {r.stats.n_accepted_by_type}")
+    assert r.tokens == nat["tokens"]
+    assert (r.stats.n_drafted, r.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
+    assert len(r.stats.n_accepted_by_type) == 2  # both drafters contributed
