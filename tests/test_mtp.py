@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -225,13 +226,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _server_completion(server: Path, model: Path, prompt: list[int], n_predict: int, n_max: int) -> dict:
+def _server_completions(server: Path, model: Path, prompts, n_predict: int, n_max: int, extra=()) -> list[dict]:
+    """One llama-server with ``len(prompts)`` slots, the prompts sent concurrently; the JSON answers in order."""
     port = _free_port()
     env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent / "lib"))
     proc = subprocess.Popen(
         [str(server), "-m", str(model), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max), "--port", str(port),
-         "-c", "256", "-b", "64", "-ub", "64", "-np", "1", "-t", "1", "-fa", "off", "-ctk", "f32", "-ctv", "f32",
-         "--no-warmup", "--temp", "0"],
+         "-c", str(256 * len(prompts)), "-b", "64", "-ub", "64", "-np", str(len(prompts)), "-kvu", "-t", "1", "-fa", "off",
+         "-ctk", "f32", "-ctv", "f32", "--no-warmup", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -244,11 +246,21 @@ def _server_completion(server: Path, model: Path, prompt: list[int], n_predict: 
                 if proc.poll() is not None:
                     raise RuntimeError("llama-server exited: " + proc.stderr.read().decode(errors="replace")[-2000:])
                 time.sleep(0.2)
-        body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0, "cache_prompt": False,
-                           "return_tokens": True, "samplers": ["top_k"], "top_k": 1}).encode()
-        req = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return json.loads(r.read())
+        out: dict[int, dict] = {}
+
+        def post(i: int, prompt) -> None:
+            body = json.dumps({"prompt": list(prompt), "n_predict": n_predict, "temperature": 0, "cache_prompt": False,
+                               "return_tokens": True}).encode()
+            req = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                out[i] = json.loads(r.read())
+
+        threads = [threading.Thread(target=post, args=(i, p)) for i, p in enumerate(prompts)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [out[i] for i in range(len(prompts))]
     finally:
         proc.terminate()
         try:
@@ -259,24 +271,33 @@ def _server_completion(server: Path, model: Path, prompt: list[int], n_predict: 
 
 @pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
 @pytest.mark.parametrize("kind", ["qwen35-mtp", "mimo2-mtp2"])
-def test_parity_with_llama_server(mtp_models, kind):
+@pytest.mark.parametrize("n_parallel", [1, 2])
+def test_parity_with_llama_server(mtp_models, kind, n_parallel):
+    """Greedy tokens and per-request draft_n / draft_n_accepted equal llama-server's (1 slot, and 2 slots with
+    concurrent requests)."""
     path = mtp_models[kind]
-    prompt = PROMPTS[0]
-    nat = _server_completion(NATIVE / "llama-server", path, prompt, N_PREDICT, 3)
-    res, *_ = _run(path, _spec(n_max=3), 1, prompts=(prompt,))
-    ours = res[0]
-    assert ours.tokens == nat["tokens"]
+    prompts = PROMPTS[:n_parallel]
+    nat = _server_completions(NATIVE / "llama-server", path, prompts, N_PREDICT, 3)
+    res, *_ = _run(path, _spec(n_max=3), n_parallel, prompts=prompts)
+    for ours, n in zip(res, nat):
+        assert ours.tokens == n["tokens"]
+        t = n["timings"]
+        assert (ours.stats.n_drafted, ours.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
+        assert ours.stats.n_accepted > 0
+
+
+@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+def test_parity_md_head_with_llama_server(mtp_models):
+    """A separate MTP GGUF as -md: both select draft-mtp from the file and agree on tokens and counts."""
+    target = mtp_models["qwen35-mtp"]
+    head = tiny_mtp.write_qwen35_mtp(target.parent / "qwen35-mtp-head.gguf", mtp_only=True)
+    (nat,) = _server_completions(NATIVE / "llama-server", target, PROMPTS[:1], N_PREDICT, 3, extra=["-md", str(head)])
+    with Engine(target, draft=head, spec=SpecParams(parity=True), n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False,
+                n_threads=1) as eng:
+        r = eng.generate(PROMPTS[0], n_predict=N_PREDICT, sampling=L.SamplingParams(temp=0.0))
     t = nat["timings"]
-    assert (ours.stats.n_drafted, ours.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
-
-
-def test_probe_reports_draft_mtp_support(mtp_models):
-    from llamaspec.probe import probe
-
-    for kind, ok, why in (("qwen35-mtp", True, None), ("mimo2-mtp2", True, None), ("no-nextn", False, "no nextn")):
-        with L.Model(mtp_models[kind]) as m:
-            h = probe(m, measure=False).to_dict()["heads"]["draft-mtp"]
-        assert h["supported"] is ok and (why is None or why in h["why"])
+    assert r.tokens == nat["tokens"]
+    assert (r.stats.n_drafted, r.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
 
 
 def test_bench_mode_draft_mtp_needs_no_draft_file():
