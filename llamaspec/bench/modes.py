@@ -87,7 +87,8 @@ class Mode:
 
     def spec_params(self, template: SpecParams | None = None) -> SpecParams:
         """The llamaspec parameters for this mode: ``template``'s settings (n_max, n-gram sizes) with this
-        mode's types and synthetic length."""
+        mode's types and synthetic length; a named drafter drafts at the fixed length native engines get
+        (only ``default`` has llamaspec's adaptive length)."""
         p = copy.deepcopy(template) if template is not None else SpecParams()
         p.types = ["none"]
         if self.types:
@@ -95,8 +96,10 @@ class Mode:
         if self.is_default:
             p.parity, p.draft_adaptive, p.draft.reuse_kv = False, None, None
             p.draft.n_max = ADAPTIVE_DRAFT_N_MAX
-        elif self.n_max is not None:
-            p.draft.n_max = self.n_max
+        else:  # a named drafter runs at the fixed length every engine gets
+            p.draft_adaptive = False
+            if self.n_max is not None:
+                p.draft.n_max = self.n_max
         p.synth_len = -1.0 if self.synth_len is None else float(self.synth_len)
         p.synth_rates = []
         return p

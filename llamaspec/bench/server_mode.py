@@ -131,8 +131,11 @@ def make_server(engine: str, cfg: ServerBenchConfig, log_dir: str) -> HttpServer
     common = server_args(cfg)
     if engine == "llamaspec":
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # llamaspec's defaults (the draft length adaptive up to n_max), except on the tiny random models of
+        # --quick, whose draft costs as much as its target: there the fixed length keeps the drafts measurable
+        own = ["--no-spec-draft-adaptive"] if cfg.quick else []
         return HttpServer("llamaspec serve", lambda port: [sys.executable, "-m", "cli.main", "serve", "-m", str(cfg.target),
-                                                           "--host", LOOPBACK, "--port", str(port), *common],
+                                                           "--host", LOOPBACK, "--port", str(port), *common, *own],
                           log_dir, env=env)
     binary = find_tool(SERVER, cfg.native_dir)
     if binary is None:
