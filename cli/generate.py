@@ -95,7 +95,8 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
 
     With no -m / -md / --pair / --spec-type, the default pair of models.toml is used (fetched on first
     use), so generation is speculative: the draft model proposes tokens and the target verifies them in one
-    batch. -m alone is plain generation with that model. Greedy output is the same as without speculation.
+    batch. -m alone drafts from n-grams of the prompt and output where that pays (--spec-type auto, the
+    default; --spec-type none is plain). Greedy output is the same as without speculation.
     After the text, one summary line on stderr (tokens/s, acceptance, speedup over plain); -v/--stats for
     the full statistics, -q for none.
     """
@@ -126,7 +127,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
             and not spec_kw.get("spec_default"):
         from llamaspec.models import load_registry
 
-        pair = load_registry().default_pair or None  # the first command speculates; -m alone is plain
+        pair = load_registry().default_pair or None  # the first command speculates with the draft model
     spec, verify, path, dpath = resolve_spec_models(model, pair, cache_dir, spec_kw)
     out = sys.stdout
     use_color = out.isatty() if color is None else color
@@ -269,8 +270,12 @@ def _summary_line(eng, stats: dict) -> str:
     if stats["n_drafted"]:
         parts.append(f"acceptance {100 * stats['acceptance_rate']:.1f}%")
         parts.append(f"mean accepted length {stats['mean_accepted_length']:.2f}")
+        by_type = stats.get("n_accepted_by_type") or {}
+        if len(eng.chain.types) > 1 and by_type:  # --spec-type auto or a chain: who produced the accepted tokens
+            parts.append("accepted from " + ", ".join(f"{k} {v}" for k, v in by_type.items()))
     else:
-        parts.append("nothing was drafted")
+        auto = " (auto: no drafter was expected to pay off here)" if getattr(eng.chain, "auto_info", None) else ""
+        parts.append("nothing was drafted" + auto)
     return " · ".join(parts)
 
 
