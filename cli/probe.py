@@ -111,6 +111,13 @@ def render(d: dict) -> None:
             rt.add_row(e["endpoint"], e["name"], e["description"], f"{e['memory_free'] / 2**20:.0f} MiB",
                        f"{e['memory_total'] / 2**20:.0f} MiB", ", ".join(e["models"]))
         con.print(rt)
+    if d.get("heads"):
+        ht = Table(title="Same-trunk draft heads (--spec-type)")
+        for c in ("drafter", "runs", "why not"):
+            ht.add_column(c)
+        for name, h in d["heads"].items():
+            ht.add_row(name, "[green]yes[/]" if h.get("supported") else "[red]no[/]", h.get("why") or "")
+        con.print(ht)
     if "draft" in d:
         v = d["vocab"]
         vt = Table(title=f"Vocabulary compatibility (spec §11): {'[green]compatible[/]' if v['compatible'] else '[red]incompatible[/]'}")
