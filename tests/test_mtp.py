@@ -308,3 +308,22 @@ def test_bench_mode_draft_mtp_needs_no_draft_file():
     assert m.types == ("draft-mtp",) and not m.needs_draft and not m.is_ngram
     a = spec_args(m, SpecParams(), None)
     assert a[:2] == ["--spec-type", "draft-mtp"] and "-md" not in a and "--spec-draft-n-max" in a
+
+
+@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+def test_parity_chunked_prompt_and_chain_with_llama_server(mtp_models):
+    """A prompt decoded in several chunks (process() after each: pending_h carries over), draft-mtp behind
+    ngram-simple in the chain."""
+    path = mtp_models["qwen35-mtp"]
+    prompt = [(i * 7 + 3) % 64 for i in range(40)]
+    (nat,) = _server_completions(NATIVE / "llama-server", path, [prompt], N_PREDICT, 3,
+                                 extra=["-b", "16", "-ub", "16", "--spec-type", "ngram-simple"])
+    sp = _spec(n_max=3)
+    sp.add_types("ngram-simple")
+    with Engine(path, spec=sp, n_ctx=256, n_batch=16, kv_f32=True, flash_attn=False, n_threads=1) as eng:
+        r = eng.generate(prompt, n_predict=N_PREDICT, sampling=L.SamplingParams(temp=0.0))
+        assert eng.chain.types == ["ngram-simple", "draft-mtp"]
+    t = nat["timings"]
+    assert r.tokens == nat["tokens"]
+    assert (r.stats.n_drafted, r.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
+    assert r.stats.n_accepted > 0
