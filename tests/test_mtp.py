@@ -327,3 +327,46 @@ def test_parity_chunked_prompt_and_chain_with_llama_server(mtp_models):
     assert r.tokens == nat["tokens"]
     assert (r.stats.n_drafted, r.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
     assert r.stats.n_accepted > 0
+
+
+def test_drafter_bookkeeping(mtp_models):
+    """process() keeps the target's nextn rows of each sequence (verify_h) and the last as pending_h; accept(n)
+    moves pending_h to row min(n, rows-1); p_min / n_min / n_max rules of §4."""
+    from llamaspec.drafters.base import DraftParams
+    from llamaspec.drafters.mtp import DraftMTP, mtp_context
+    from llamaspec.params import DraftModelParams
+
+    m = L.Model(mtp_models["qwen35-mtp"], load_mtp=True)
+    m.load_mtp = True
+    try:
+        with L.Context(m, n_ctx=128, n_batch=32, n_seq_max=2, n_outputs_max=8, kv_f32=True, n_threads=1) as tgt:
+            common = dict(n_ctx=128, n_batch=32, n_seq_max=2, kv_f32=True, n_threads=1)
+            with mtp_context(m, tgt, 2, common) as dft:
+                d = DraftMTP(2, DraftModelParams(n_max=3), tgt, dft)
+                rows = [L.Row(t, i, 0, i == 3) for i, t in enumerate([1, 2, 3, 4])]
+                rows += [L.Row(t, i, 1, i == 2) for i, t in enumerate([9, 8, 7])]
+                tgt.decode(rows)
+                assert d.process(rows)
+                h = ext.get_embeddings_nextn(tgt, len(rows))
+                assert (d.verify_h[0] == h[:4]).all() and (d.verify_h[1] == h[4:]).all()
+                assert (d.pending_h[0] == h[3]).all() and (d.pending_h[1] == h[6]).all()
+                assert dft.memory.pos_max(0) == 3 and dft.memory.pos_max(1) == 2
+                d.accept(1, 1, True)  # is_other is ignored
+                assert (d.pending_h[1] == h[5]).all()
+                d.accept(1, 9, False)
+                assert (d.pending_h[1] == h[6]).all()
+                dps = [DraftParams(drafting=True, pos0=4, id_last=5, prompt=[1, 2, 3, 4]),
+                       DraftParams(drafting=True, n_max=2, pos0=3, id_last=6, prompt=[9, 8, 7])]
+                d.draft(dps)
+                assert len(dps[0].result) == 3 and len(dps[1].result) == 2
+                for s in (0, 1):
+                    dft.memory.seq_rm(s, dps[s].pos0, -1)
+                dps = [DraftParams(drafting=True, pos0=4, id_last=5, p_min=1.0), DraftParams()]
+                d.draft(dps)
+                assert dps[0].result == []  # top p < 1: nothing drafted
+                dft.memory.seq_rm(0, 4, -1)
+                dps = [DraftParams(drafting=True, pos0=4, id_last=5, n_min=4), DraftParams()]
+                d.draft(dps)
+                assert dps[0].result == []  # shorter than n_min: cleared
+    finally:
+        m.close()
