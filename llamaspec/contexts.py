@@ -112,9 +112,7 @@ def build_parts(
                 log.warning("%s is already loaded: the GPU offload / RPC settings do not apply to it", m.path.name)
             return m
         # RPC servers (the target's, and separately the draft's: local by default) carry the offloaded layers
-        loaded = own(llama.Model(m, n_gpu_layers=ngl, rpc_servers=rpc_servers or None, load_mtp=load_mtp, **placement))
-        loaded.load_mtp = load_mtp  # draft-mtp checks it: MTP blocks that were not loaded abort llama.cpp
-        return loaded
+        return own(llama.Model(m, n_gpu_layers=ngl, rpc_servers=rpc_servers or None, load_mtp=load_mtp, **placement))
 
     if draft is not None and getattr(spec, "is_auto", False):  # auto + a head / MTP file: that head's drafter
         from .drafters.heads import infer_draft_type

@@ -337,7 +337,6 @@ def test_drafter_bookkeeping(mtp_models):
     from llamaspec.params import DraftModelParams
 
     m = L.Model(mtp_models["qwen35-mtp"], load_mtp=True)
-    m.load_mtp = True
     try:
         with L.Context(m, n_ctx=128, n_batch=32, n_seq_max=2, n_outputs_max=8, kv_f32=True, n_threads=1) as tgt:
             common = dict(n_ctx=128, n_batch=32, n_seq_max=2, kv_f32=True, n_threads=1)

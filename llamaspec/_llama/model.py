@@ -321,6 +321,8 @@ class Model(_Owned):
         params.vocab_only = vocab_only
         if hasattr(params, "load_mtp"):
             params.load_mtp = load_mtp
+        #: loaded with its MTP (nextn) blocks: an MTP context on a model without them aborts llama.cpp
+        self.load_mtp: bool = bool(load_mtp)
         dev_buf = rpc.device_array(list(self.rpc_devices) + rpc.local_gpu_devices()) if self.rpc_devices else None
         if dev_buf is not None:
             params.devices = ctypes.cast(dev_buf, ctypes.c_void_p).value
