@@ -40,8 +40,11 @@ def expected_tokens(rates: list[float], k: int) -> float:
     return total
 
 
-def best_draft_length(rates: list[float], k_max: int, verify_cost: Callable[[int], float], draft_cost: float) -> int:
-    """The ``k`` in ``0..k_max`` with the most expected tokens per unit cost (ties: the shorter draft).
+def best_draft_length(rates: list[float], k_max: int, verify_cost: Callable[[int], float], draft_cost: float,
+                      overhead: Callable[[int], float] | None = None) -> int:
+    """The ``k`` in ``0..k_max`` with the most expected tokens per unit cost (ties: the shorter draft);
+    ``overhead(k)`` adds what a draft of ``k`` costs beyond decoding (checkpoint and restore of a FULL / RS
+    target memory, :meth:`CostModel.checkpoint_overhead`).
 
     >>> best_draft_length([0.5] * 8, 8, lambda k: 1.0 + 0.1 * k, 0.2)
     1
@@ -49,10 +52,12 @@ def best_draft_length(rates: list[float], k_max: int, verify_cost: Callable[[int
     0
     >>> best_draft_length([0.99] * 8, 8, lambda k: 1.0 + 0.02 * k, 0.1)
     8
+    >>> best_draft_length([0.6] * 8, 8, lambda k: 1.0 + 0.05 * k, 0.1, overhead=lambda k: 1.5)  # costly checkpoints
+    0
     """
     best_k, best = 0, 1.0 / max(verify_cost(0), 1e-9)
     for k in range(1, k_max + 1):
-        cost = verify_cost(k) + k * draft_cost
+        cost = verify_cost(k) + k * draft_cost + (overhead(k) if overhead is not None else 0.0)
         value = expected_tokens(rates, k) / max(cost, 1e-9)
         if value > best * (1 + 1e-9):
             best_k, best = k, value
@@ -60,12 +65,12 @@ def best_draft_length(rates: list[float], k_max: int, verify_cost: Callable[[int
 
 
 def best_shared_length(rates: list[list[float]], caps: list[int], batch_cost: Callable[[int], float],
-                       step_cost: float) -> int:
+                       step_cost: float, overhead: Callable[[int, int], float] | None = None) -> int:
     """One draft length for the ``B`` slots that draft in the same round (vLLM's per-batch-size draft length):
     slot ``i`` drafts ``min(k, caps[i])`` tokens, the round costs the decode of all their rows together,
     ``batch_cost(rows)`` (relative to a one-row decode), plus ``k`` batched draft steps of ``step_cost``
-    each; the ``k`` with the most expected tokens per unit cost wins. As the batch grows, a row costs more
-    and the best ``k`` shrinks.
+    each (plus ``overhead(i, k_i)``, slot ``i``'s checkpoint costs); the ``k`` with the most expected tokens
+    per unit cost wins. As the batch grows, a row costs more and the best ``k`` shrinks.
 
     >>> cost = lambda rows: 1.0 + 0.08 * (rows - 1)        # each extra row costs 8% of a one-row decode
     >>> [best_shared_length([[0.8] * 8] * b, [8] * b, cost, 0.1 * b) for b in (1, 2, 4, 8)]
@@ -77,6 +82,8 @@ def best_shared_length(rates: list[list[float]], caps: list[int], batch_cost: Ca
         ks = [min(k, c) for c in caps]
         tokens = sum(expected_tokens(r, kk) for r, kk in zip(rates, ks))
         cost = batch_cost(sum(ks) + b) + max(ks) * step_cost
+        if overhead is not None:
+            cost += sum(overhead(i, kk) for i, kk in enumerate(ks) if kk > 0)
         value = tokens / max(cost, 1e-9)
         if value > best * (1 + 1e-9):
             best_k, best = k, value
@@ -108,9 +115,10 @@ class DraftLengthController:
             if i < n_accepted:
                 self.accepts[i] += 1
 
-    def choose(self, verify_cost: Callable[[int], float], draft_cost: float, k_cap: int | None = None) -> int:
+    def choose(self, verify_cost: Callable[[int], float], draft_cost: float, k_cap: int | None = None,
+               overhead: Callable[[int], float] | None = None) -> int:
         k_max = self.k_max if k_cap is None else min(self.k_max, k_cap)
-        return self.explore(best_draft_length(self.rates(), k_max, verify_cost, draft_cost), k_max)
+        return self.explore(best_draft_length(self.rates(), k_max, verify_cost, draft_cost, overhead), k_max)
 
     def explore(self, k: int, k_max: int) -> int:
         """``k`` as chosen, except that after ``explore_every`` rounds of not drafting one token is tried."""
@@ -133,6 +141,36 @@ class CostModel:
         self.alpha = alpha
         self.decode_ms: dict[int, float] = {}
         self.draft_ms_per_token: float | None = None
+        #: FULL / RS targets: time of a speculative checkpoint (state save) and of a restore (reload + trim)
+        self.checkpoint_ms: float | None = None
+        self.restore_ms: float | None = None
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.alpha * (new - old)
+
+    def add_checkpoint(self, ms: float) -> None:
+        self.checkpoint_ms = self._ema(self.checkpoint_ms, ms)
+
+    def add_restore(self, ms: float) -> None:
+        self.restore_ms = self._ema(self.restore_ms, ms)
+
+    def checkpoint_overhead(self, rates: list[float], k: int) -> float:
+        """What a draft of ``k`` tokens costs a FULL / RS target beyond decoding, in one-row decodes: the
+        checkpoint, and when not every token is accepted (probability ``1 - a_1...a_k``) the restore plus the
+        replay decode (about one row). Zero until a checkpoint was measured.
+
+        >>> m = CostModel(); m.add_decode(1, 10.0); m.add_checkpoint(5.0); m.add_restore(5.0)
+        >>> round(m.checkpoint_overhead([0.5, 0.5], 2), 3)   # 0.5 + (1 - 0.25) * (0.5 + 1.0)
+        1.625
+        """
+        base = self.decode_ms.get(1)
+        if not base or self.checkpoint_ms is None:
+            return 0.0
+        all_accepted = 1.0
+        for i in range(k):
+            all_accepted *= rates[i] if i < len(rates) else (rates[-1] if rates else 0.0)
+        restore = (self.restore_ms if self.restore_ms is not None else self.checkpoint_ms) / base + self.verify_cost(0)
+        return self.checkpoint_ms / base + (1.0 - all_accepted) * restore
 
     def add_decode(self, n_rows: int, ms: float) -> None:
         old = self.decode_ms.get(n_rows)

@@ -118,17 +118,26 @@ class SpeculativeRound:
         """Beyond llama.cpp (:mod:`llamaspec.adaptive`): the draft length that pays best now, from each slot's
         measured acceptance and the measured costs; alone a slot gets its own best length, several drafting
         slots share one (the cost of a row grows with the batch: longer batches, shorter drafts)."""
-        cost = self.cost_model
+        cost, tgt = self.cost_model, self.rollback_tgt
         live = [(s, n) for s, n in caps if s.adaptive is not None and n > 0]
+        rates = [s.adaptive.rates() for s, _ in live]
+
+        def overhead(i: int, k: int) -> float:  # checkpoint + restore of a FULL / RS target (cost-gated)
+            return cost.checkpoint_overhead(rates[i], k) if tgt.needs_checkpoint(k) else 0.0
+
         if len(live) == 1:
             s, n = live[0]
-            chosen = {s.id: s.adaptive.choose(cost.verify_cost, cost.draft_cost(), k_cap=n)}
+            chosen = {s.id: s.adaptive.choose(cost.verify_cost, cost.draft_cost(), k_cap=n,
+                                              overhead=lambda k: overhead(0, k))}
         elif live:
-            k = best_shared_length([s.adaptive.rates() for s, _ in live], [n for _, n in live],
-                                   lambda rows: cost.verify_cost(rows - 1), cost.draft_cost() * len(live))
+            k = best_shared_length(rates, [n for _, n in live], lambda rows: cost.verify_cost(rows - 1),
+                                   cost.draft_cost() * len(live), overhead)
             chosen = {s.id: s.adaptive.explore(min(k, n), n) for s, n in live}
         else:
             return caps
+        for s, _ in live:
+            if chosen[s.id] == 0:
+                s.stats.n_draft_skipped += 1
         return [(s, chosen.get(s.id, n)) for s, n in caps]
 
     def _draft(self, gen: list[Slot], out: list[Chunk]) -> list[Slot]:
@@ -214,7 +223,10 @@ class SpeculativeRound:
         s.spec_probs = dp.probs[: len(draft)] if dp.probs is not None else None
         s.stats.n_drafted += len(s.spec_draft)
         self.rollback_dft.after_draft(s)
+        n_ckpt, t0 = s.stats.n_checkpoints, time.perf_counter()
         self.rollback_tgt.checkpoint(s)
+        if self.cost_model is not None and s.stats.n_checkpoints > n_ckpt:
+            self.cost_model.add_checkpoint((time.perf_counter() - t0) * 1e3)
 
     def _batches(self, gen: list[Slot]) -> list[list[Slot]]:
         """§7.4 batch layout: slots in order, a new decode when ``n_batch`` (or the context's output rows)
@@ -292,8 +304,11 @@ class SpeculativeRound:
             s.spec_is_replay = True
             s.spec_draft = accepted
             s.spec_probs = None
+            t0 = time.perf_counter()
             self.rollback_tgt.restore(s)
             self.rollback_dft.restore(s)
+            if self.cost_model is not None:
+                self.cost_model.add_restore((time.perf_counter() - t0) * 1e3)
             return None
         # 5.-6. statistics: the chain, then the slot (a replayed target token is not an accepted draft)
         if draft:

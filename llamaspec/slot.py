@@ -54,6 +54,9 @@ class GenerationStats:
     n_restores: int = 0
     n_checkpoints: int = 0
     n_trims: int = 0
+    #: rounds the adaptive draft length chose not to draft (expected gain below the measured cost of drafting,
+    #: verifying and, on FULL / RS targets, checkpointing)
+    n_draft_skipped: int = 0
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -83,7 +86,7 @@ class GenerationStats:
 
     def merge(self, other: "GenerationStats") -> None:
         for k in ("n_prompt", "n_cached", "n_predicted", "t_prompt_s", "t_decode_s", "n_target_decodes", "n_drafted", "n_accepted",
-                  "n_verif_steps", "n_replays", "n_restores", "n_checkpoints", "n_trims"):
+                  "n_verif_steps", "n_replays", "n_restores", "n_checkpoints", "n_trims", "n_draft_skipped"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
         for k, v in other.n_accepted_by_type.items():
             self.n_accepted_by_type[k] = self.n_accepted_by_type.get(k, 0) + v
@@ -114,6 +117,7 @@ class GenerationStats:
             "n_restores": self.n_restores,
             "n_checkpoints": self.n_checkpoints,
             "n_trims": self.n_trims,
+            "n_draft_skipped": self.n_draft_skipped,
         }
 
 

@@ -82,3 +82,34 @@ def test_parity_turns_adaptive_off(tiny_model):
     p.draft_adaptive, p.parity = True, True
     with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=p, n_ctx=256) as e:
         assert e.cost_model is None and not e.chain.impls[0].reuse_kv
+
+
+def _frozen_costs(cm: CostModel, checkpoint_decodes: float) -> None:
+    """Costs as if measured: cheap drafts, flat verification, a checkpoint worth ``checkpoint_decodes``
+    one-row decodes; ``alpha = 0`` keeps them through the run."""
+    cm.alpha = 0.0
+    cm.decode_ms = {1: 10.0, 2: 10.2, 3: 10.4, 5: 10.8, 9: 11.6}
+    cm.draft_ms_per_token = 0.1
+    cm.checkpoint_ms = cm.restore_ms = 10.0 * checkpoint_decodes
+
+
+@pytest.mark.parametrize("kind,draft,gated", [("llama", "llama-draft", False), ("mamba", "mamba-draft", True)])
+def test_checkpoint_costs_gate_drafting(tiny_model, kind, draft, gated):
+    """Cost-gated checkpoints (issue 12 item 6): on a FULL target a draft also pays its checkpoint and,
+    when partly rejected, the restore and replay; when those cost 30 decodes drafting stops (counted in
+    ``n_draft_skipped``), while a PART target with the same costs drafts on. Output equals plain either way."""
+    p = SpecParams()
+    p.draft.n_max = 4
+    with Engine(tiny_model(kind), n_ctx=256, **EXACT) as e:
+        plain = e.generate(PROMPTS[3], n_predict=32).tokens
+    with Engine(tiny_model(kind), draft=tiny_model(draft), spec=p, n_ctx=256, **EXACT) as e:
+        e.generate(PROMPTS[0], n_predict=16)
+        if gated:
+            assert e.cost_model.checkpoint_ms is not None  # a FULL target's checkpoints were timed
+        _frozen_costs(e.cost_model, 30.0)
+        r = e.generate(PROMPTS[3], n_predict=32)
+    assert r.tokens == plain
+    if gated:
+        assert r.stats.n_draft_skipped >= 20 and r.stats.n_drafted <= 4  # only the exploring single tokens
+    else:
+        assert r.stats.n_draft_skipped == 0 and r.stats.n_drafted > 20
