@@ -124,7 +124,12 @@ def build_parts(
     # draft-mtp: the target (or the -md file) is loaded with its MTP blocks, the draft context is an MTP one
     mtp = SpecType.DRAFT_MTP in spec.enabled()
     try:
+        from .drafters.mtp import gguf_is_mtp_head_only
+
         model = own_model(target, n_gpu_layers, rpc_servers, load_mtp=mtp)
+        if model.n_layer_nextn > 0 and gguf_is_mtp_head_only(model.path):  # no trunk: llama.cpp would crash on it
+            raise UsageError(f"{model.path.name} is an MTP head without trunk layers, not a standalone model: use it "
+                             "as -md (draft-mtp) for its target model")
         if model.arch in DRAFT_HEAD_ARCHS:
             raise UsageError(f"{model.path.name} is a {model.arch} draft head, not a standalone model: "
                              "use it as a draft for its target model")
@@ -155,6 +160,9 @@ def build_parts(
             parts.ctx_dft = own(mtp_context(parts.model_dft or model, ctx, n_parallel, common))
         elif speculating and draft is not None:
             parts.model_dft = own_model(draft, n_gpu_layers_draft, rpc_servers_draft)
+            if parts.model_dft.n_layer_nextn > 0 and gguf_is_mtp_head_only(parts.model_dft.path):
+                raise UsageError(f"draft {parts.model_dft.path.name} is an MTP head (no trunk layers): it runs only as "
+                                 "draft-mtp (--spec-type draft-mtp, or no --spec-type)")
             # llama.cpp: -td defaults to -t; the draft's batch threads (-tbd) default to the target's -tb
             common["n_threads"] = n_threads_draft or n_threads
             n_out_dft, n_out_dft_seq, other = n_parallel, 1, None

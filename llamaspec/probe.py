@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import _llama as llama
-from .errors import DecodeError
+from .errors import DecodeError, UsageError
 from .vocab import check_vocab_compat, is_compatible
 
 SCHEMA_VERSION = 1
@@ -305,9 +305,15 @@ def probe(target: llama.Model, draft: llama.Model | None = None, *, measure: boo
 
     Threads as llama.cpp's ``-t``/``-tb``/``-td``: the draft generates with ``n_threads_draft`` (default
     ``n_threads``) and processes batches with the target's ``n_threads_batch``."""
+    from .drafters.mtp import gguf_is_mtp_head_only
+
+    if target.n_layer_nextn > 0 and gguf_is_mtp_head_only(target.path):
+        raise UsageError(f"{target.path.name} is an MTP head without trunk layers: probe its target, with it as -md")
     rep = ProbeReport(target=report_model(target, measure=measure, n_rs_seq=n_rs_seq, n_threads=n_threads,
                                           checkpoint_tokens=checkpoint_tokens, n_threads_batch=n_threads_batch))
-    if draft is not None and draft.arch not in ("eagle3", "dflash"):  # a head has no context of its own: `heads`
+    head_only = draft is not None and (draft.arch in ("eagle3", "dflash")
+                                       or (draft.n_layer_nextn > 0 and gguf_is_mtp_head_only(draft.path)))
+    if draft is not None and not head_only:  # a head has no context of its own: `heads`
         rep.draft = report_model(draft, measure=measure, n_rs_seq=n_rs_seq, n_threads=n_threads_draft or n_threads,
                                  checkpoint_tokens=checkpoint_tokens, n_threads_batch=n_threads_batch or n_threads)
         rules = check_vocab_compat(target.vocab, draft.vocab)

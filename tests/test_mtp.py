@@ -369,3 +369,24 @@ def test_drafter_bookkeeping(mtp_models):
                 assert dps[0].result == []  # shorter than n_min: cleared
     finally:
         m.close()
+
+
+def test_mtp_head_file_is_refused_where_it_would_crash(mtp_models):
+    """A head-only MTP GGUF has no trunk: as a target, a draft-simple draft or a probed model llama.cpp would
+    crash (segfault) decoding it; each gets one line instead."""
+    from llamaspec.probe import probe
+
+    target = mtp_models["qwen35-mtp"]
+    head = tiny_mtp.write_qwen35_mtp(target.parent / "qwen35-mtp-head.gguf", mtp_only=True)
+    with pytest.raises(UsageError, match="MTP head without trunk"):
+        Engine(head, n_ctx=64, n_threads=1)
+    sp = SpecParams()
+    sp.add_types("draft-simple")
+    with pytest.raises(UsageError, match="runs only as draft-mtp"):
+        Engine(target, draft=head, spec=sp, n_ctx=64, n_threads=1)
+    with L.Model(head) as h:
+        with pytest.raises(UsageError, match="MTP head without trunk"):
+            probe(h, measure=False)
+        with L.Model(target) as t:
+            rep = probe(t, h, measure=False).to_dict()
+    assert "draft" not in rep and rep["heads"]["draft-mtp"]["supported"]

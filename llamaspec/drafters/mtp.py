@@ -73,6 +73,28 @@ def mtp_support(model: "llama.Model", *, loaded_with_mtp: bool | None = None) ->
     return None
 
 
+def gguf_is_mtp_head_only(path) -> bool:
+    """Whether the GGUF at ``path`` holds only an MTP head (nextn blocks, no trunk: ``blk.0.attn_norm.weight``
+    missing, as llama.cpp's loaders test). Such a file runs only as ``-md`` of draft-mtp: any other context on it
+    has no trunk weights and crashes llama.cpp."""
+    try:
+        import gguf
+    except ImportError:  # pragma: no cover - gguf ships with the dev dependencies
+        return False
+    try:
+        r = gguf.GGUFReader(str(path))
+    except Exception:  # noqa: BLE001 - not a GGUF we can read: the loader reports it
+        return False
+    f = r.fields.get("general.architecture")
+    if f is None or not f.types or f.types[0] != gguf.GGUFValueType.STRING:
+        return False
+    arch = bytes(f.parts[f.data[0]]).decode("utf-8", errors="replace")
+    nl = r.fields.get(f"{arch}.nextn_predict_layers")
+    if nl is None or int(nl.parts[nl.data[0]][0]) <= 0:
+        return False
+    return not any(t.name == "blk.0.attn_norm.weight" for t in r.tensors)
+
+
 def gguf_is_mtp_draft(path) -> bool:
     """llama.cpp's draft-type detection for a ``-md`` file (spec §1.1): an architecture other than dflash whose
     last block (``<arch>.block_count - 1``) has ``nextn.eh_proj.weight``."""
