@@ -63,6 +63,9 @@ def mtp_support(model: "llama.Model", *, loaded_with_mtp: bool | None = None) ->
     if model.arch in MTP_SINGLE_BLOCK and model.n_layer_nextn > 1:
         return (f"{name} has {model.n_layer_nextn} nextn layers, but llama.cpp's {model.arch} MTP graph supports exactly "
                 "one (chained heads need mimo2, step35 or hy-v3)")
+    if model.arch != "gemma4-assistant" and not gguf_is_mtp_draft(model.path):
+        return (f"{name} declares {model.n_layer_nextn} nextn layer(s) but has no nextn tensors (blk.N.nextn.eh_proj): "
+                "the MTP head was stripped from this file")
     if loaded_with_mtp is None:
         loaded_with_mtp = bool(getattr(model, "load_mtp", False))
     if not loaded_with_mtp and model.arch != "gemma4-assistant":
