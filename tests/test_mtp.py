@@ -390,3 +390,24 @@ def test_mtp_head_file_is_refused_where_it_would_crash(mtp_models):
         with L.Model(target) as t:
             rep = probe(t, h, measure=False).to_dict()
     assert "draft" not in rep and rep["heads"]["draft-mtp"]["supported"]
+
+
+@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+def test_parity_rs_checkpoint_restore_replay_with_llama_server(mtp_models):
+    """ngram-simple drafts longer than n_rs_seq (= n_max 3) from a prompt that repeats the target's own text: the RS
+    target checkpoints, restores and replays, draft-mtp keeps pending_h through it; counts equal llama-server's."""
+    path = mtp_models["qwen35-mtp"]
+    with L.Model(path) as m:
+        g = tiny_mtp.greedy(m, [1, 2, 3, 4], 60)
+    prompt = [1, 2, 3, 4] + g + [1, 2, 3, 4] + g[:10]
+    (nat,) = _server_completions(NATIVE / "llama-server", path, [prompt], 60, 3, extra=["--spec-type", "ngram-simple"])
+    sp = _spec(n_max=3)
+    sp.add_types("ngram-simple")
+    with Engine(path, spec=sp, n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1) as eng:
+        r = eng.generate(prompt, n_predict=60, sampling=L.SamplingParams(temp=0.0))
+        by_type = {d["type"]: d for d in eng.drafter_stats()}
+    t = nat["timings"]
+    assert r.tokens == nat["tokens"]
+    assert (r.stats.n_drafted, r.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
+    assert r.stats.n_restores > 0 and r.stats.n_replays > 0
+    assert by_type["draft-mtp"]["n_acc_tokens"] > 0 and by_type["ngram-simple"]["n_acc_tokens"] > 0
