@@ -411,3 +411,22 @@ def test_parity_rs_checkpoint_restore_replay_with_llama_server(mtp_models):
     assert (r.stats.n_drafted, r.stats.n_accepted) == (t.get("draft_n", 0), t.get("draft_n_accepted", 0))
     assert r.stats.n_restores > 0 and r.stats.n_replays > 0
     assert by_type["draft-mtp"]["n_acc_tokens"] > 0 and by_type["ngram-simple"]["n_acc_tokens"] > 0
+
+
+@pytest.mark.skipif(not (NATIVE / "llama-speculative-simple").exists(), reason="native llama-speculative-simple not built")
+@pytest.mark.parametrize("kind", ["qwen35-mtp", "mimo2-mtp2"])
+def test_tokens_equal_llama_speculative_simple_up_to_n(mtp_models, kind):
+    """llama-speculative-simple runs one round past -n (its counts are inflated): compare the text up to -n."""
+    path = mtp_models[kind]
+    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent / "lib"))
+    out = subprocess.run(
+        [str(NATIVE / "llama-speculative-simple"), "-m", str(path), "--spec-type", "draft-mtp", "--spec-draft-n-max", "3",
+         "-p", "hello world", "-n", str(N_PREDICT), "-c", "256", "-b", "64", "-ub", "64", "-t", "1", "-fa", "off",
+         "-ctk", "f32", "-ctv", "f32", "--temp", "0"],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    with Engine(path, spec=_spec(n_max=3), n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1) as eng:
+        r = eng.generate("hello world", n_predict=N_PREDICT, sampling=L.SamplingParams(temp=0.0))
+        shown = "".join(eng.vocab.token_to_piece(t).decode() for t in r.prompt_tokens)
+    assert len(r.tokens) == N_PREDICT
+    assert out.stdout.strip().startswith(shown + r.text)
