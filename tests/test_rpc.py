@@ -345,6 +345,8 @@ CHILD = textwrap.dedent(r'''
             out["after"] = "ok?"
         except Exception as ex:
             out["after"] = f"{type(ex).__name__}: {ex}"
+        # the failed slots' sequences were released in both memories (host-side bookkeeping, no server needed)
+        out["mem"] = [[e.ctx.memory.pos_max(s), e.ctx_dft.memory.pos_max(s)] for s in range(2)]
         e.close()
         with Engine(a["target"], n_ctx=64) as loc:  # local models still work in this process
             out["local_after"] = len(loc.generate("tok_1", n_predict=3, sampling=greedy).tokens)
@@ -408,6 +410,7 @@ def test_server_killed_mid_run_fails_requests_cleanly(servers, tiny_model):
         assert reason == "error" and error.startswith(gone) and "\n" not in error, (reason, error)
         assert 0 < n < 200  # what was generated before the crash was delivered
     assert gone in out["after"] and out["local_after"] == 3
+    assert out["mem"] == [[-1, -1], [-1, -1]]
 
 
 @needs_rpc
