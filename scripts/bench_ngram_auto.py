@@ -231,6 +231,49 @@ def markdown(report: dict) -> str:
     return "\n".join(out)
 
 
+def micro(model_name: str, sizes=(256, 1024, 4096), rounds: int = 300) -> list[dict]:
+    """Drafter cost alone, per round, on a history of ``sizes`` tokens (the prompts' text, tokenized, repeated):
+    ngram-lookup's sync + lookup + draft + accept against prompt lookup's call (what each engine pays in
+    Python per round, before any decode)."""
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from llamaspec.drafters.base import DraftParams
+    from llamaspec.drafters.ngram_lookup import NgramLookup
+
+    model = llama.Model(str(resolve_model(model_name)))
+    text = "\n\n".join(p.text for p in load_prompts(ROOT / "docs/benchmarks/ngram-auto-prompts.jsonl"))
+    base = model.vocab.tokenize(text, add_special=True, parse_special=True)
+    model.close()
+    rows = []
+    for size in sizes:
+        hist = (base * (size // len(base) + 2))[:size]
+        src = base[: rounds * 3 + 8]
+        d = NgramLookup(1)
+        lk = LlamaPromptLookupDecoding(num_pred_tokens=10)
+        h = list(hist)
+        t0 = time.perf_counter()
+        d.begin(0, h)
+        t_begin = time.perf_counter() - t0
+        t_ng = t_lk = 0.0
+        arr = np.array(h + src, dtype=np.intc)
+        for r in range(rounds):
+            step = h + src[: r * 3]
+            id_last = src[r * 3]
+            t0 = time.perf_counter()
+            dp = DraftParams(drafting=True, n_max=32, prompt=step, id_last=id_last)
+            d.draft([dp])
+            d.accept(0, min(2, len(dp.result)), False)
+            t1 = time.perf_counter()
+            lk(arr[: len(step) + 1])
+            t2 = time.perf_counter()
+            t_ng += t1 - t0
+            t_lk += t2 - t1
+        rows.append({"history": size, "ngram_lookup_us_per_round": round(t_ng / rounds * 1e6, 1),
+                     "ngram_lookup_begin_ms": round(t_begin * 1e3, 2),
+                     "prompt_lookup_us_per_call": round(t_lk / rounds * 1e6, 1)})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="gemma3-270m-f32,smollm2-135m-f32")
@@ -243,7 +286,11 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="first N prompts only")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None)
+    ap.add_argument("--micro", action="store_true", help="only the drafters' own cost per round (no decoding)")
     args = ap.parse_args()
+    if args.micro:
+        print(json.dumps(micro(args.models.split(",")[0].strip()), indent=1))
+        return
     prompts = load_prompts(args.prompts)
     if args.limit:
         prompts = prompts[: args.limit]

@@ -221,8 +221,7 @@ def plain(tiny_model):
         return [e.generate(p, n_predict=40).tokens for p in PROMPTS]
 
 
-@pytest.mark.parametrize("n_parallel", [1, 3])
-@pytest.mark.parametrize("with_draft", [False, True])
+@pytest.mark.parametrize("with_draft,n_parallel", [(False, 1), (False, 3), (True, 3)])
 def test_auto_greedy_equals_plain(tiny_model, plain, n_parallel, with_draft):
     draft = tiny_model("llama-draft") if with_draft else None
     with Engine(tiny_model("llama"), draft=draft, spec=auto(), n_ctx=256, n_parallel=n_parallel, **EXACT) as e:

@@ -41,7 +41,7 @@ import numpy as np
 from ..params import NgramLookupParams
 from .base import DraftParams, Drafter
 
-__all__ = ["NgramLookup", "NgramLookupParams", "best_length", "expected_len", "lookup_draft", "default_verify_cost"]
+__all__ = ["NgramLookup", "NgramLookupParams", "best_length", "best_length_table", "expected_len", "lookup_draft", "default_verify_cost"]
 
 MASK64 = 0xFFFFFFFFFFFFFFFF
 #: odd 64-bit multiplier of the rolling hash (any large odd constant works; keys are verified on use)
@@ -53,6 +53,8 @@ BUCKETS = (1, 2, 3, 5, 8, 15, MATCH_CAP)
 #: prior rate of the first drafted token per bucket, and of a later token given the ones before it (tuned by
 #: replaying recorded greedy outputs of Gemma-3-270M on the benchmark prompts with the measured CPU cost
 #: curve; each slot then learns its own, and the drafter-wide prior follows what every slot measured)
+#: the cost table v(0..n_max) is recomputed every this many draft calls
+VT_REFRESH = 16
 PRIOR_P1 = (0.35, 0.5, 0.6, 0.7, 0.8, 0.85, 0.95)
 PRIOR_Q = (0.7, 0.8, 0.85, 0.9, 0.92, 0.95, 0.98)
 
@@ -111,6 +113,25 @@ def best_length(p1: float, q: float, k_max: int, verify_cost: Callable[[int], fl
         val = expected_len(p1, q, k) / max(verify_cost(k) + k * c, 1e-9)
         if val > best * (1 + 1e-6):
             best_k, best = k, val
+    return best_k
+
+
+def best_length_table(p1: float, q: float, vt: Sequence[float], k_max: int, floor: float = 1.0) -> int:
+    """:func:`best_length` over a precomputed cost table ``vt[k] = v(k)`` (the drafter's per-round path).
+
+    >>> vt = [default_verify_cost(k) for k in range(33)]
+    >>> all(best_length_table(p, q, vt, 32) == best_length(p, q, 32, default_verify_cost)
+    ...     for p in (0.1, 0.3, 0.6, 0.9) for q in (0.3, 0.7, 0.95, 1.0))
+    True
+    """
+    best_k, best = 0, max(floor, 1.0 / max(vt[0], 1e-9)) * (1 + 1e-6)
+    total, run = 1.0, p1
+    for k in range(1, min(k_max, len(vt) - 1) + 1):
+        total += run
+        run *= q
+        val = total / vt[k]
+        if val > best:
+            best_k, best = k, val * (1 + 1e-6)
     return best_k
 
 
@@ -278,12 +299,23 @@ class NgramLookup(Drafter):
         self.verify_cost: Callable[[int], float] = default_verify_cost
         #: per slot, the tokens per unit cost a draft must beat (auto: the draft model's measured gain)
         self.gain_floor: Callable[[int], float] = lambda seq_id: 1.0
+        self._vt: list[float] | None = None
+        self._vt_age = 0
         self.skips = {"no-match": 0, "not-paying": 0}
         self.n_explore = 0
 
     def use_cost_model(self, cost_model) -> None:
         """Take ``v(k)`` from the engine's online cost model (:class:`llamaspec.adaptive.CostModel`)."""
         self.verify_cost = cost_model.verify_cost
+        self._vt = None
+
+    def _cost_table(self) -> list[float]:
+        """``v(0..n_max)``, recomputed every ``VT_REFRESH`` draft calls (the costs move slowly)."""
+        if self._vt is None or self._vt_age >= VT_REFRESH:
+            self._vt = [max(self.verify_cost(k), 1e-9) for k in range(self.n_max + 1)]
+            self._vt_age = 0
+        self._vt_age += 1
+        return self._vt
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
@@ -318,7 +350,7 @@ class NgramLookup(Drafter):
                 if priors is None:
                     priors = self._priors()
                 p1, q = st.rates(b, priors[0], priors[1], p.prior_weight)
-                k = best_length(p1, q, k_cap, self.verify_cost, floor=self.gain_floor(seq_id))
+                k = best_length_table(p1, q, self._cost_table(), k_cap, floor=self.gain_floor(seq_id))
                 if k == 0:
                     st.idle += 1
                     if st.idle < p.explore_every:
