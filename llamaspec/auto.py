@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Sequence
 from .adaptive import CostModel, DraftLengthController
 from .chain import Chain
 from .drafters.base import DraftParams, Drafter
+from .drafters.ngram_lookup import default_verify_cost
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import _llama as llama
@@ -210,7 +211,20 @@ class GatedDrafter(Drafter):
 
 
 class AutoCostModel(CostModel):
-    """:class:`~llamaspec.adaptive.CostModel` plus a drafter's own cost per drafted token from its stats."""
+    """:class:`~llamaspec.adaptive.CostModel` plus a drafter's own cost per drafted token from its stats.
+    Until two row counts are measured, ``v(k)`` is the CPU-like curve of ngram-lookup (a first draft of 32
+    rows on an unmeasured CPU would otherwise be priced at 1 + 0.05 k, far too cheap).
+
+    >>> m = AutoCostModel(); m.verify_cost(15) == default_verify_cost(15)
+    True
+    >>> m.add_decode(1, 10.0); m.add_decode(4, 30.0); m.verify_cost(3)
+    3.0
+    """
+
+    def verify_cost(self, k: int) -> float:
+        if len(self.decode_ms) < 2 or 1 not in self.decode_ms:
+            return default_verify_cost(k)
+        return super().verify_cost(k)
 
     def draft_cost_of(self, stats) -> float:
         base = self.decode_ms.get(1)

@@ -14,6 +14,8 @@ MODULES = [
     "llamaspec.probe",
     "llamaspec._llama",
     "llamaspec.drafters.draft_model",
+    "llamaspec.drafters.ngram_lookup",
+    "llamaspec.auto",
 ]
 
 
