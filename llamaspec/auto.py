@@ -111,8 +111,10 @@ class GatedDrafter(Drafter):
     reuse_kv = property(lambda self: self.inner.reuse_kv, lambda self, v: setattr(self.inner, "reuse_kv", v))
 
     def begin(self, seq_id, prompt):
+        """A new request in the slot: a new text, so the drafter gets a fresh chance there."""
         self.inner.begin(seq_id, prompt)
         self._k[seq_id] = 0
+        self.gates[seq_id] = SlotGate(self.auto.gate.backoff)
         if self.adaptive:  # a new request starts from the drafter's acceptance so far
             st = self.inner.stats
             prior = st.n_acc_tokens / st.n_gen_tokens if st.n_gen_tokens >= 32 else 0.7

@@ -170,6 +170,13 @@ def test_gate_switches_a_losing_drafter_off_and_retries():
     assert gated.n_gated == drafted.count(0)
 
 
+def test_gate_starts_fresh_for_a_new_request():
+    gated, drafted = run_gate(0, 6, {1: 10.0, 4: 16.0})
+    assert drafted[-1] == 0 and gated.gates[0].off > 0
+    gated.begin(0, [1, 2, 3])
+    assert gated.gates[0].off == 0 and gated.gates[0].n == 0
+
+
 def test_gate_keeps_a_paying_drafter():
     gated, drafted = run_gate(3, 30, {1: 10.0, 4: 12.0}, draft_ms=1.0)
     assert gated.n_gate_off == 0 and all(n == 3 for n in drafted)

@@ -82,7 +82,8 @@ def server(tmp_path_factory):
     (d / "keys.txt").write_text(f"# keys\n{FILE_KEY}\n")
     target = write_model("llama", d / "llama.gguf", n_ctx=8192)
     draft = write_model("llama-draft", d / "llama-draft.gguf", n_ctx=8192)
-    srv = Server(["-m", str(target), "-md", str(draft), "-np", "4", "-c", "8192",
+    # draft-simple named explicitly: these tests are about the draft model's fields (the default is auto)
+    srv = Server(["-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-np", "4", "-c", "8192",
                   "-b", "32", "-t", "1", "--alias", "tiny", "--chat-template", "chatml", "--metrics",
                   "--api-key", f"{KEY},{KEY2}", "--api-key-file", str(d / "keys.txt")], d / "server.log")
     yield srv
@@ -441,7 +442,8 @@ def test_error_shapes(http, client):
 # a plain server: disabled endpoints, no key, the queue with id_slot
 # ---------------------------------------------------------------------------------------------------
 def test_plain_server_disabled_endpoints(tiny_model, tmp_path):
-    srv = Server(["-m", str(tiny_model("llama")), "-np", "1", "-t", "1", "--no-slots", "--chat-template", "chatml"],
+    srv = Server(["-m", str(tiny_model("llama")), "-np", "1", "-t", "1", "--no-slots", "--chat-template", "chatml",
+                  "--spec-type", "none"],
                  tmp_path / "plain.log")
     try:
         _error(httpx.get(srv.url + "/metrics"), 501, "not_supported_error")

@@ -319,9 +319,11 @@ class NgramLookup(Drafter):
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
-        st = self._slots[seq_id]
+        """A new request: index its prompt; the slot's acceptance counts start again from the drafter-wide
+        prior (what earlier requests measured)."""
+        st = _Slot(self.params.key_max)
         st.build(prompt)
-        st.last_bucket, st.last_k, st.idle = -1, 0, 0
+        self._slots[seq_id] = st
 
     def reset(self, seq_id: int) -> None:
         self._slots[seq_id] = _Slot(self.params.key_max)
