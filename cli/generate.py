@@ -55,6 +55,29 @@ def _read_prompts_file(path: str) -> list[str]:
     return out
 
 
+def _parse_logit_bias(text: str) -> tuple[int, float]:
+    """llama.cpp's ``--logit-bias TOKEN_ID(+/-)BIAS``.
+
+    >>> _parse_logit_bias("15043+1"), _parse_logit_bias("15043-inf"), _parse_logit_bias(" 7+1e-3 ")
+    ((15043, 1.0), (15043, -inf), (7, 0.001))
+    """
+    from llamaspec.errors import UsageError
+
+    t = text.strip()
+    signs = [i for i in (t.find("+", 1), t.find("-", 1)) if i > 0]
+    try:
+        if not signs:
+            raise ValueError
+        i = min(signs)
+        tok, bias = int(t[:i]), float(t[i:])
+        if tok < 0 or bias != bias or bias == float("inf"):
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--logit-bias {text!r}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1, 15043-1 or 15043-inf "
+                         "(never this token)") from None
+    return tok, bias
+
+
 @click.command()
 @click.argument("prompt", required=False)
 @click.option("-f", "--file", "prompt_file", type=str, help="Read the prompt from a file ('-' = stdin).")
@@ -75,6 +98,9 @@ def _read_prompts_file(path: str) -> list[str]:
 @click.option("--repeat-last-n", type=click.IntRange(min=-1), default=64, show_default=True, help="Tokens the repetition penalty looks at.")
 @click.option("-s", "--seed", type=click.IntRange(min=-1, max=0xFFFFFFFF), default=-1, show_default=True, help="Sampling seed (-1 = random).")
 @click.option("--grammar-file", type=click.Path(dir_okay=False), help="GBNF grammar constraining the output.")
+@click.option("-l", "--logit-bias", "logit_bias", multiple=True, metavar="TOKEN_ID(+/-)BIAS",
+              help="Add BIAS to a token's logit, as llama.cpp: 15043+1, 15043-1, 15043-inf (never) (repeatable).")
+@click.option("--ignore-eos", is_flag=True, help="Never end on an end-of-generation token (generate -n tokens).")
 @click.option("--stop", "stop", multiple=True, help="Stop string (repeatable); the text is cut before it.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the model's chat template.")
 @click.option("--system", "system_prompt", default=None, help="System message (with --chat).")
@@ -89,7 +115,7 @@ def _read_prompts_file(path: str) -> list[str]:
               help="Also run plain decoding of the same prompt(s) and report the measured speedup (doubles the time).")
 @handle_errors
 def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size, batch_size, n_parallel, temp, top_k,
-             top_p, min_p, repeat_penalty, repeat_last_n, seed, grammar_file, stop, chat, system_prompt, cache_dir,
+             top_p, min_p, repeat_penalty, repeat_last_n, seed, grammar_file, logit_bias, ignore_eos, stop, chat, system_prompt, cache_dir,
              stats_json, color, quiet, show_stats, baseline, **spec_kw):
     """Generate text from PROMPT (argument, --file or stdin). Only the generated text goes to stdout.
 
@@ -121,6 +147,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
     sampling = L.SamplingParams(
         temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
         repeat_last_n=repeat_last_n, seed=L.DEFAULT_SEED if seed == -1 else seed, grammar=grammar,
+        logit_bias=tuple(_parse_logit_bias(x) for x in logit_bias), ignore_eos=ignore_eos,
     )
     sampling.validate()
     if pair is None and not model and not spec_kw.get("draft_model") and not spec_kw.get("spec_type") \

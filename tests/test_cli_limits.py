@@ -40,3 +40,25 @@ def test_four_slots_batch_16(tiny_model, tmp_path):
     many = run(*base, "-np", "4", "-b", "16", "-md", str(tiny_model("llama-draft")), "--spec-draft-n-max", "8")
     assert one.exit_code == 0 and many.exit_code == 0, many.output
     assert many.stdout == one.stdout
+
+
+def test_logit_bias_flag(tiny_model):
+    """``-l TOKEN_ID(+/-)BIAS`` as llama.cpp: ``-inf`` keeps tokens out of the output; a malformed value or an
+    id outside the vocabulary is one line, exit code 2."""
+    args = ["generate", "tok_5 tok_9 tok_3", "-m", str(tiny_model("llama")), "-n", "12", "--temp", "0", "-q",
+            "--spec-type", "none"]
+    plain = run(*args)
+    assert plain.exit_code == 0, plain.output
+    from llamaspec import _llama as L
+    from llamaspec.engine import Engine
+
+    with Engine(tiny_model("llama"), n_ctx=256) as e:
+        toks = e.generate("tok_5 tok_9 tok_3", n_predict=12, sampling=L.SamplingParams(temp=0.0)).tokens
+    assert toks
+    banned = sorted(set(toks))[:2]
+    biased = run(*args, *[x for t in banned for x in ("-l", f"{t}-inf")])
+    assert biased.exit_code == 0, biased.output
+    assert biased.stdout != plain.stdout
+    for bad in ("abc", "5", "999999+1"):
+        r = run(*args, "--logit-bias", bad)
+        assert r.exit_code == 2 and "logit-bias" in r.stderr and "Traceback" not in r.output, r.output

@@ -16,6 +16,9 @@ MODULES = [
     "llamaspec.drafters.draft_model",
     "llamaspec.drafters.ngram_lookup",
     "llamaspec.auto",
+    "llamaspec.adaptive",
+    "llamaspec.bench.modes",
+    "cli.generate",
 ]
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from llamaspec import _llama as L
 from llamaspec.engine import Engine
+from llamaspec.errors import UsageError
 from llamaspec.sampler import TargetSampler
 from llamaspec.verify import probs_from_logits
 
@@ -148,3 +149,34 @@ def test_rejection_with_penalties_and_grammar_matches_target_distribution(tiny_m
             drafted += r.stats.n_drafted
     assert drafted > n // 2
     assert chi2_ok(counts.ravel(), expected.ravel())
+
+
+@pytest.mark.parametrize("verify", ["match", "rejection"])
+def test_logit_bias_and_ignore_eos_with_a_draft(tmp_path, verify):
+    """The bias is part of the target's chain, so speculative output follows it (the draft knows nothing of
+    it): +100 on the end token ends the generation at once; ``ignore_eos`` overrides that and runs to
+    ``n_predict`` without it; -inf on the plain output's tokens keeps them out. Out-of-vocabulary ids are
+    a one-line UsageError at submit."""
+    from llamaspec.params import SpecParams
+    from llamaspec.testing.tiny_models import write_model
+
+    target = write_model("llama", tmp_path / "t.gguf", eos_token_id=7)
+    draft = write_model("llama-draft", tmp_path / "d.gguf", eos_token_id=7)
+    spec = SpecParams()
+    spec.draft.n_max = 3
+    with Engine(target, draft=draft, spec=spec, n_ctx=256, verify=verify, **EXACT) as e:
+        eos = sorted(e.vocab.eog_tokens())
+        assert 7 in eos
+        greedy = L.SamplingParams(temp=0.0) if verify == "match" else L.SamplingParams(temp=0.7, seed=3)
+        plain = e.generate([1, 5, 9, 13], n_predict=12, sampling=greedy)
+        ends = e.generate([1, 5, 9, 13], n_predict=12,
+                          sampling=L.SamplingParams(**{**greedy.__dict__, "logit_bias": ((eos[0], 100.0),)}))
+        assert ends.tokens in ([], [eos[0]]) and str(ends.finish_reason) == "stop"
+        on = e.generate([1, 5, 9, 13], n_predict=12, sampling=L.SamplingParams(
+            **{**greedy.__dict__, "logit_bias": ((eos[0], 100.0),), "ignore_eos": True}))
+        assert len(on.tokens) == 12 and not set(on.tokens) & set(eos)
+        banned = tuple((t, float("-inf")) for t in set(plain.tokens))
+        other = e.generate([1, 5, 9, 13], n_predict=12, sampling=L.SamplingParams(**{**greedy.__dict__, "logit_bias": banned}))
+        assert other.tokens and not set(other.tokens) & set(plain.tokens)
+        with pytest.raises(UsageError, match="outside the vocabulary"):
+            e.generate([1, 5], n_predict=2, sampling=L.SamplingParams(logit_bias=((10**6, 1.0),)))

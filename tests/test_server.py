@@ -218,6 +218,28 @@ def test_several_prompts_and_n(client, http):
             == r.choices[i].text
 
 
+def test_logit_bias_and_ignore_eos(http):
+    """OpenAI's ``logit_bias`` (``{"id": bias}``) and llama-server's pair list with ``false`` = never; a token
+    biased away never appears; ``ignore_eos``; bad ids and values are 400s naming the field."""
+    prompt = _prompt(12, 6)
+    base = {"prompt": prompt, "n_predict": 12, "temperature": 0, "return_tokens": True}
+    plain = http.post("/completion", json=base).json()["tokens"]
+    banned = sorted(set(plain))[:3]
+    for lb in ({str(t): -100 for t in banned}, [[t, False] for t in banned]):
+        r = http.post("/completion", json={**base, "logit_bias": lb})
+        assert r.status_code == 200, r.text
+        toks = r.json()["tokens"]
+        assert toks and not set(toks) & set(banned) and toks != plain
+    r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                           "logit_bias": {str(plain[0]): 100}})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"]
+    assert http.post("/completion", json={**base, "ignore_eos": True}).json()["tokens_predicted"] == 12
+    for bad, what in (({"x": 1}, "token ids"), ({"5": "a"}, "must be a number"), ({"999999": 1}, "outside the vocabulary"),
+                      ([[1]], "expected an object")):
+        r = http.post("/completion", json={**base, "logit_bias": bad})
+        assert r.status_code == 400 and what in r.json()["error"]["message"], (bad, r.text)
+
+
 def test_sse_framing_raw(http):
     """llama-server's framing: ``data: {json}`` events, ``[DONE]`` on OpenAI routes only."""
     body = {"prompt": _prompt(2, 6), "max_tokens": 8, "temperature": 0, "stream": True}

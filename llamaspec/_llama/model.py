@@ -152,6 +152,7 @@ class Vocab:
         self.add_bos: bool = bool(native.llama_vocab_get_add_bos(ptr))
         self.add_eos: bool = bool(native.llama_vocab_get_add_eos(ptr))
         self._eog_cache: dict[int, bool] = {}
+        self._eog_all: tuple[int, ...] | None = None
 
     @property
     def model(self) -> "Model":
@@ -185,6 +186,13 @@ class Vocab:
             r = bool(native.llama_vocab_is_eog(self.ptr, token))
             self._eog_cache[token] = r
         return r
+
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token id (computed once per vocabulary)."""
+        if self._eog_all is None:
+            ptr = self.ptr
+            self._eog_all = tuple(t for t in range(self.n_tokens) if native.llama_vocab_is_eog(ptr, t))
+        return self._eog_all
 
     def is_control(self, token: int) -> bool:
         return bool(native.llama_vocab_is_control(self.ptr, token))

@@ -30,6 +30,11 @@ class SamplingParams:
     seed: int = DEFAULT_SEED
     grammar: str | None = None
     grammar_root: str = "root"
+    #: ``(token id, bias)`` pairs added to the logits before anything else (``-inf``: never this token);
+    #: llama.cpp's ``--logit-bias`` / the OpenAI field
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: never end on an end-of-generation token (a ``-inf`` bias on every EOG token, as llama-server does)
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -48,12 +53,31 @@ class SamplingParams:
             raise UsageError(f"seed must be in [0, 4294967295], got {self.seed}")
         if self.temp != self.temp:  # NaN
             raise UsageError("temperature must be a number")
+        for tok, bias in self.logit_bias:
+            if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+                raise UsageError(f"logit-bias: token ids are integers >= 0, got {tok!r}")
+            if bias != bias or bias == float("inf"):
+                raise UsageError(f"logit-bias for token {tok}: the bias must be a number or -inf, got {bias!r}")
+
+
+def _logit_biases(vocab: Vocab, params: SamplingParams) -> list[tuple[int, float]]:
+    """``params.logit_bias`` checked against the vocabulary (a later pair for the same token wins), then
+    ``-inf`` on every EOG token with ``ignore_eos`` (whatever their bias)."""
+    n = vocab.n_tokens
+    out: dict[int, float] = {}
+    for tok, bias in params.logit_bias:
+        if not 0 <= tok < n:
+            raise UsageError(f"logit-bias: token id {tok} is outside the vocabulary (0..{n - 1})")
+        out[tok] = float(bias)
+    if params.ignore_eos:
+        out.update((t, float("-inf")) for t in vocab.eog_tokens())
+    return sorted(out.items())
 
 
 class Sampler(_Owned):
     """An owning llama.cpp sampler chain built from :class:`SamplingParams`.
 
-    Chain order follows llama.cpp's common sampler: [grammar] -> penalties -> top-k -> top-p -> min-p ->
+    Chain order follows llama.cpp's common sampler: [grammar] -> [logit bias] -> penalties -> top-k -> top-p -> min-p ->
     temperature -> dist (or greedy when ``temp <= 0``). ``sample`` accepts the sampled token into the chain
     (``llama_sampler_sample`` does so itself).
 
@@ -99,6 +123,10 @@ class Sampler(_Owned):
                 why = _last_native_error("see the llama.cpp log")
                 raise SamplerError(f"grammar does not parse: {why}")
             add(grammar)
+        biases = _logit_biases(vocab, params)
+        if biases:
+            arr = (native.llama_logit_bias * len(biases))(*[native.llama_logit_bias(t, b) for t, b in biases])
+            add(native.llama_sampler_init_logit_bias(vocab.n_tokens, len(biases), arr))
         if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
             add(native.llama_sampler_init_penalties(vocab.n_tokens, params.repeat_last_n, params.repeat_penalty, params.frequency_penalty, params.presence_penalty))
         if params.greedy:

@@ -231,18 +231,41 @@ def _grammar(b: Body) -> str | None:
     return grammar
 
 
+def _logit_bias(b: Body) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as OpenAI sends it (``{"token id": bias}``) or as llama-server also takes it
+    (``[[token id, bias], ...]``); a bias of ``false`` means never this token (``-inf``). Token ids must be
+    in the vocabulary (checked when the sampler is built)."""
+    key, v = b.get("logit_bias")
+    if v is None:
+        return ()
+    if isinstance(v, dict):
+        items = list(v.items())
+    elif isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v):
+        items = [(x[0], x[1]) for x in v]
+    else:
+        raise invalid(f"Field '{key}': expected an object {{\"token id\": bias}} or a list of [token id, bias] pairs, got {_show(v)}")
+    out = []
+    for tok, bias in items:
+        t = tok
+        if isinstance(t, str) and t.strip().lstrip("-").isdigit():
+            t = int(t)
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise invalid(f"Field '{key}': keys must be token ids (integers >= 0; use /tokenize for text), got {_show(tok)}")
+        if bias is False:
+            bias = float("-inf")
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias or bias == float("inf"):
+            raise invalid(f"Field '{key}': the bias of token {t} must be a number (or false: never), got {_show(bias)}")
+        out.append((t, float(bias)))
+    return tuple(out)
+
+
 def _unsupported(b: Body) -> None:
     """Known llama-server / OpenAI fields that would change the output and that llamaspec does not do:
     refused, so that nobody gets a silently different answer. Their neutral values are accepted."""
-    lb = b.data.get("logit_bias")
-    if lb not in (None, {}, []):
-        raise invalid("Field 'logit_bias' is not supported by llamaspec serve")
     for name in ("logprobs", "n_probs", "top_logprobs"):
         v = b.data.get(name)
         if v not in (None, False, 0):
             raise invalid(f"Field '{name}': token probabilities are not supported by llamaspec serve")
-    if b.data.get("ignore_eos") not in (None, False):
-        raise invalid("Field 'ignore_eos' is not supported by llamaspec serve")
     tools = b.data.get("tools")
     if tools not in (None, []):
         raise invalid("Field 'tools': tool calls are not supported by llamaspec serve")
@@ -267,6 +290,8 @@ def parse_gen_params(b: Body, defaults: Defaults) -> GenParams:
         frequency_penalty=b.float("frequency_penalty", defaults.frequency_penalty),
         seed=llama.DEFAULT_SEED if seed == -1 else seed,
         grammar=_grammar(b),
+        logit_bias=_logit_bias(b),
+        ignore_eos=b.bool("ignore_eos", False),
     )
     if sampling.repeat_penalty == 0.0:
         sampling.repeat_penalty = 1.0  # llama.cpp: 0 and 1 both mean off
