@@ -93,14 +93,17 @@ def test_lookup_learns_to_stop_and_explores():
     hist = [1, 2, 3, 4, 5, 6, 7] * 4
     d.begin(0, hist)
     sizes = []
-    for _ in range(40):
+    for _ in range(80):
         r = one_draft(d, hist, 1, 16)
         sizes.append(len(r))
         d.accept(0, 0, False)
     assert sizes[0] > 0
-    assert sizes[-16:].count(0) >= 12              # mostly off
-    assert 0 < max(sizes[-16:]) <= 2               # the exploration drafts are short
+    assert sizes[-40:].count(0) >= 36              # mostly off
+    assert 0 < max(sizes[-40:]) <= 2               # the exploration drafts are short
     assert d.skips["not-paying"] > 0 and d.n_explore > 0
+    tries = [i for i, n in enumerate(sizes) if n and i > 10]
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]   # failed looks: the next one waits longer
 
 
 def test_lookup_drafts_long_while_the_copy_runs():

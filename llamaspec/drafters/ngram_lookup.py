@@ -19,7 +19,8 @@ What it does, per slot:
    cost of verifying ``k + 1`` rows relative to one (the engine's measured cost model when it has one,
    else a CPU-like curve), it drafts the ``k`` that maximises ``E(k) / v(k)``,
    ``E(k) = 1 + p1 (1 + q + ... + q^(k-1))``: long drafts while a copy runs, short ones after a miss,
-   none when a draft is not expected to pay (every ``explore_every`` skipped rounds it tries a short one).
+   none when a draft is not expected to pay (after ``explore_every`` skipped rounds it tries a short one,
+   and waits twice as long after each try that fails, up to 8x).
 
 >>> d = NgramLookup(1, NgramLookupParams(n_max=8, adaptive=False))
 >>> from llamaspec.drafters.base import DraftParams
@@ -166,7 +167,7 @@ def lookup_draft(seq: Sequence[int], key_max: int, n: int) -> list[int]:
 class _Slot:
     """One sequence's history, its n-gram index and its acceptance counts."""
 
-    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "idle")
+    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "idle", "explore_gap", "exploring")
 
     def __init__(self, key_max: int):
         self.toks: list[int] = []
@@ -177,6 +178,8 @@ class _Slot:
         self.last_bucket = -1
         self.last_k = 0
         self.idle = 0
+        self.explore_gap = 0  # rounds between exploration drafts (0 = the configured explore_every)
+        self.exploring = False
 
     # -- index ----------------------------------------------------------------------------------
     def build(self, tokens: Sequence[int]) -> None:
@@ -355,11 +358,12 @@ class NgramLookup(Drafter):
                 k = best_length_table(p1, q, self._cost_table(), k_cap, floor=self.gain_floor(seq_id))
                 if k == 0:
                     st.idle += 1
-                    if st.idle < p.explore_every:
+                    if st.idle < max(st.explore_gap, p.explore_every):
                         self.skips["not-paying"] += 1
                         continue
                     k = min(2, k_cap)  # look again: the text may have changed
                     self.n_explore += 1
+                    st.exploring = True
                 st.idle = 0
             else:
                 k = k_cap
@@ -375,6 +379,11 @@ class NgramLookup(Drafter):
         if is_other or b < 0 or k <= 0:
             return
         st.update(b, k, n_accepted, self.params.decay)
+        if n_accepted > 0:
+            st.explore_gap = 0
+        elif st.exploring:  # looked again in vain: look less often (up to 8x the configured interval)
+            st.explore_gap = min(2 * max(st.explore_gap, self.params.explore_every), 8 * self.params.explore_every)
+        st.exploring = False
         g = 0.98  # the drafter-wide prior follows every slot slowly
         gp = self._g_p1[b]
         gp[0], gp[1] = gp[0] * g + (1.0 if n_accepted > 0 else 0.0), gp[1] * g + 1.0
