@@ -161,6 +161,8 @@ def summarise(res: dict) -> dict:
                 row[f"{e}:drafted"] = dr / len(rs)
                 rounds = sum(x["rounds"] or 0 for x in rs)
                 row[f"{e}:drafter_ms_per_round"] = sum(x.get("drafter_ms", 0.0) for x in rs) / rounds if rounds else None
+        if not all(row[e] for e in ENGINES):  # e.g. the model ends the text at once: nothing to compare
+            continue
         row["auto/lookup"] = row["ls-auto"] / row["lcp-lookup"]
         row["auto/plain"] = row["ls-auto"] / row["ls-plain"]
         row["lookup/plain"] = row["lcp-lookup"] / row["ls-plain"]
