@@ -76,51 +76,39 @@ def mtp_support(model: "llama.Model", *, loaded_with_mtp: bool | None = None) ->
     return None
 
 
+def _gguf_layout(path):
+    """``(architecture, header getter, tensor names)`` of a GGUF (header only), or None when unreadable."""
+    from ..models.gguf_io import open_gguf
+
+    try:
+        with open_gguf(path) as (lay, _):
+            arch = lay.get("general.architecture")
+            return (arch if isinstance(arch, str) else None), lay.get, {t.name for t in lay.tensors}
+    except (LlamaSpecError, OSError):
+        return None
+
+
 def gguf_is_mtp_head_only(path) -> bool:
     """Whether the GGUF at ``path`` holds only an MTP head (nextn blocks, no trunk: ``blk.0.attn_norm.weight``
     missing, as llama.cpp's loaders test). Such a file runs only as ``-md`` of draft-mtp: any other context on it
     has no trunk weights and crashes llama.cpp."""
-    try:
-        import gguf
-    except ImportError:  # pragma: no cover - gguf ships with the dev dependencies
+    lay = _gguf_layout(path)
+    if lay is None or lay[0] is None:
         return False
-    try:
-        r = gguf.GGUFReader(str(path))
-    except Exception:  # noqa: BLE001 - not a GGUF we can read: the loader reports it
-        return False
-    f = r.fields.get("general.architecture")
-    if f is None or not f.types or f.types[0] != gguf.GGUFValueType.STRING:
-        return False
-    arch = bytes(f.parts[f.data[0]]).decode("utf-8", errors="replace")
-    nl = r.fields.get(f"{arch}.nextn_predict_layers")
-    if nl is None or int(nl.parts[nl.data[0]][0]) <= 0:
-        return False
-    return not any(t.name == "blk.0.attn_norm.weight" for t in r.tensors)
+    arch, get, names = lay
+    n = get(f"{arch}.nextn_predict_layers")
+    return isinstance(n, int) and n > 0 and "blk.0.attn_norm.weight" not in names
 
 
 def gguf_is_mtp_draft(path) -> bool:
     """llama.cpp's draft-type detection for a ``-md`` file (spec §1.1): an architecture other than dflash whose
     last block (``<arch>.block_count - 1``) has ``nextn.eh_proj.weight``."""
-    try:
-        import gguf
-    except ImportError:  # pragma: no cover - gguf ships with the dev dependencies
+    lay = _gguf_layout(path)
+    if lay is None or lay[0] is None or lay[0] == "dflash":
         return False
-    try:
-        r = gguf.GGUFReader(str(path))
-    except Exception:  # noqa: BLE001 - not a GGUF we can read: nothing to detect
-        return False
-    f = r.fields.get("general.architecture")
-    if f is None or not f.types or f.types[0] != gguf.GGUFValueType.STRING:
-        return False
-    arch = bytes(f.parts[f.data[0]]).decode("utf-8", errors="replace")
-    if arch == "dflash":
-        return False
-    bc = r.fields.get(f"{arch}.block_count")
-    if bc is None:
-        return False
-    n = int(bc.parts[bc.data[0]][0])
-    want = f"blk.{n - 1}.nextn.eh_proj.weight"
-    return any(t.name == want for t in r.tensors)
+    arch, get, names = lay
+    n = get(f"{arch}.block_count")
+    return isinstance(n, int) and n > 0 and f"blk.{n - 1}.nextn.eh_proj.weight" in names
 
 
 class DraftMTP(Drafter):
@@ -328,10 +316,3 @@ def mtp_context(model: "llama.Model", ctx_tgt: llama.Context, n_parallel: int, c
     return llama.Context(model, llama.ContextParams(ctx_type=llama.CONTEXT_TYPE_MTP, n_rs_seq=0,
                                                     n_outputs_max=n_parallel, n_outputs_max_per_seq=1, **kw),
                          ctx_other=ctx_tgt)
-
-
-def infer_draft_types(draft) -> list[str]:
-    """The drafter a ``-md`` draft selects when no ``--spec-type`` is given (spec §1.1): ``draft-mtp`` for an MTP
-    GGUF (its last block has ``nextn.eh_proj``), else ``draft-simple``. ``draft`` is a path or a loaded model."""
-    path = getattr(draft, "path", draft)
-    return ["draft-mtp"] if gguf_is_mtp_draft(path) else ["draft-simple"]
