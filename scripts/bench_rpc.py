@@ -7,6 +7,10 @@ Four configurations on the same prompts, interleaved (order reversed on every ot
 * ``rpc plain`` / ``rpc spec``: the target split across two ``ggml-rpc-server`` on 127.0.0.1 (``-ts 1,1``),
   the draft local (the usual setup: the small draft next to the speculative loop).
 
+``spec`` is draft-simple with a fixed ``n_max`` (llama.cpp's behaviour); ``adaptive`` is llamaspec's default,
+the draft length chosen per round from measured acceptance and costs (up to the same ``n_max``), which sees
+the network in the measured decode costs.
+
 Reports decode tokens/s (median over prompts x repeats), acceptance, the speedup speculation gives over
 plain in each placement, the mean target decode time per call, and whether the outputs agree. Needs the
 RPC build (``scripts/build_llama_cpp.sh --rpc``): the library is taken from ``LLAMA_CPP_LIB_PATH`` or
@@ -36,7 +40,7 @@ PROMPTS = [
     "Explain in a few paragraphs how rivers shape the landscape over thousands of years.",
     "The three primary colors are",
 ]
-CONFIGS = ("local plain", "local spec", "rpc plain", "rpc spec")
+CONFIGS = ("local plain", "local spec", "local adaptive", "rpc plain", "rpc spec", "rpc adaptive")
 
 
 def main() -> int:
@@ -76,8 +80,13 @@ def main() -> int:
     greedy = L.SamplingParams(temp=0.0)
     sp = SpecParams()
     sp.draft.n_max = a.n_max
+    sp.draft_adaptive = False  # fixed n_max, as llama.cpp
+    ad = SpecParams()
+    ad.draft.n_max = a.n_max  # the ceiling of the adaptive length
+    ad.draft_adaptive = True
     rows: list[dict] = []
     decode_ms: dict[str, list[float]] = {c: [] for c in CONFIGS}
+    load_start = os.getloadavg()[0]
     with RpcServers(server, 2, threads=a.server_threads) as srv:
         eps = srv.endpoints
         common = dict(n_ctx=1024, n_threads=a.threads)
@@ -85,8 +94,10 @@ def main() -> int:
         engines = {
             "local plain": Engine(target, **common),
             "local spec": Engine(target, draft=draft, spec=sp, **common),
+            "local adaptive": Engine(target, draft=draft, spec=ad, **common),
             "rpc plain": Engine(target, rpc_servers=eps, tensor_split=[1, 1], **common),
             "rpc spec": Engine(target, draft=draft, spec=sp, rpc_servers=eps, tensor_split=[1, 1], **common),
+            "rpc adaptive": Engine(target, draft=draft, spec=ad, rpc_servers=eps, tensor_split=[1, 1], **common),
         }
         t_load = time.monotonic() - t0
         # time every target decode (the engine's context), to show the network round trip per call
@@ -127,8 +138,8 @@ def main() -> int:
                       "acceptance": accepted / drafted if drafted else None,
                       "target_decode_ms_mean": statistics.fmean(decode_ms[c]) if decode_ms[c] else None,
                       "target_decode_calls": len(decode_ms[c])}
-    speedup = {"local": summary["local spec"]["median_tok_s"] / summary["local plain"]["median_tok_s"],
-               "rpc": summary["rpc spec"]["median_tok_s"] / summary["rpc plain"]["median_tok_s"]}
+    speedup = {f"{where} {kind}": summary[f"{where} {kind}"]["median_tok_s"] / summary[f"{where} plain"]["median_tok_s"]
+               for where in ("local", "rpc") for kind in ("spec", "adaptive")}
     first = {}
     for r in rows:
         first.setdefault((r["config"], r["prompt"]), r["tokens"])
@@ -137,10 +148,11 @@ def main() -> int:
         "settings": {"target": a.target, "draft": a.draft, "n_predict": a.n_predict, "repeats": a.repeats,
                      "draft_n_max": a.n_max, "threads_local": a.threads, "threads_per_server": a.server_threads,
                      "servers": 2, "tensor_split": [1, 1], "prompts": prompts, "sampling": "greedy",
-                     "load_s_all_four_engines": round(t_load, 1),
+                     "load_s_all_engines": round(t_load, 1),
                      "command": "python scripts/bench_rpc.py " + " ".join(sys.argv[1:])},
         "machine": {"platform": platform.platform(), "cpus_usable": len(os.sched_getaffinity(0)),
-                    "note": "shared with other work (other engineers' tests and builds; load average 6-12 during the run)"},
+                    "note": f"shared with other work (load average {load_start:.1f} at the start, "
+                            f"{os.getloadavg()[0]:.1f} at the end)"},
         "summary": summary, "speedup_spec_over_plain": speedup,
         "same_tokens_as_local_plain": {c: f"{n}/{len(prompts)}" for c, n in same.items()},
         "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in rows],
@@ -163,8 +175,9 @@ def render(rep: dict) -> str:
         f"Target `{s['target']}` split across two `ggml-rpc-server` on 127.0.0.1 (`--rpc A,B -ts 1,1`, "
         f"{s['threads_per_server']} thread each), draft `{s['draft']}` local; against the same models all local "
         f"({s['threads_local']} thread). Interleaved in one process (order reversed every other repeat), "
-        f"{len(s['prompts'])} prompts x {s['repeats']} repeats, -n {s['n_predict']}, greedy, draft-simple with "
-        f"n_max {s['draft_n_max']}. Machine: {rep['machine']['cpus_usable']} cores, "
+        f"{len(s['prompts'])} prompts x {s['repeats']} repeats, -n {s['n_predict']}, greedy; `spec` = draft-simple "
+        f"with a fixed n_max {s['draft_n_max']} (llama.cpp's behaviour), `adaptive` = llamaspec's default length "
+        f"per round from measured acceptance and costs (ceiling {s['draft_n_max']}). Machine: {rep['machine']['cpus_usable']} cores, "
         f"{rep['machine']['note']}: absolute figures are noisy, compare the rows of one run.",
         "",
         "```bash",
@@ -181,18 +194,17 @@ def render(rep: dict) -> str:
         acc = "-" if v["acceptance"] is None else f"{v['acceptance'] * 100:.1f}%"
         out.append(f"| {c} | {v['median_tok_s']:.2f} | {v['min_tok_s']:.2f}-{v['max_tok_s']:.2f} | {acc} | "
                    f"{v['target_decode_ms_mean']:.1f} | {rep['same_tokens_as_local_plain'][c]} |")
-    out += ["", f"Speedup of speculation over plain: **local {sp['local']:.2f}x**, **over RPC {sp['rpc']:.2f}x** "
-            f"(draft-simple, n_max {s['draft_n_max']}, {s['target']} target + {s['draft']} draft, "
-            f"-n {s['n_predict']}, {s['repeats']} repeats x {len(s['prompts'])} prompts, greedy).", "",
+    out += ["", f"Speedup of speculation over plain (median tok/s ratio): draft-simple with fixed n_max "
+            f"{s['draft_n_max']}: **local {sp['local spec']:.2f}x, over RPC {sp['rpc spec']:.2f}x**; adaptive draft "
+            f"length (llamaspec's default, ceiling {s['draft_n_max']}): **local {sp['local adaptive']:.2f}x, over RPC "
+            f"{sp['rpc adaptive']:.2f}x**.", "",
             f"A target decode (one call, plain) takes {loc:.1f} ms locally and {net:.1f} ms split over loopback "
-            f"({net - loc:+.1f} ms: serialising the graph and activations to two servers and back). Each "
-            "speculative round pays that once for n_max + 1 rows, so the round trip is spread over the accepted "
-            "tokens; `llamaspec probe --rpc` measures the verify-cost curve over the network for the draft length.",
-            "", "Reading it: over loopback the split adds little to a decode of this small model on this slow, "
-            "shared machine, so speculation's gain over RPC is close to its gain locally (the min-max ranges "
-            "overlap: the difference between the two speedups is within the noise). The saving grows with the "
-            "per-decode network cost: a real network adds its round-trip time and the activations' transfer to every "
-            "target decode, which speculation divides by the tokens accepted per round.",
+            f"(difference {net - loc:+.1f} ms; min-max of tok/s in the table shows the noise).",
+            "", "What to expect: every target decode over RPC pays the network (a round trip per server and the "
+            "activations passed between them) on top of the compute; a speculative round pays it once for up to "
+            "n_max + 1 rows, so speculation divides it by the tokens accepted per round, and its speedup over RPC "
+            "should grow beyond the local one as that cost grows. Over loopback the cost is small. "
+            "`llamaspec probe --rpc` measures the verify-cost curve over the network, which sets the draft length.",
             "", "Raw runs: [rpc.json](rpc.json).", ""]
     return "\n".join(out) + "\n"
 
