@@ -35,6 +35,7 @@ def lone(tiny_model):
 def spec(n_max: int = 4) -> SpecParams:
     p = SpecParams()
     p.draft.n_max = n_max
+    p.draft_adaptive = False  # tiny models: the adaptive length would stop drafting
     return p
 
 

@@ -15,8 +15,11 @@ PROMPTS = [[1, 5, 9, 13, 22, 7], [3, 4, 5], [9, 9, 9, 1], [40, 2, 17, 33, 8]]
 
 
 def spec(n_max: int = 4) -> SpecParams:
+    """A fixed draft length (the adaptive one stops drafting on tiny models, whose draft costs as much as
+    the target)."""
     p = SpecParams()
     p.draft.n_max = n_max
+    p.draft_adaptive = False
     return p
 
 

@@ -83,7 +83,9 @@ def server(tmp_path_factory):
     target = write_model("llama", d / "llama.gguf", n_ctx=8192)
     draft = write_model("llama-draft", d / "llama-draft.gguf", n_ctx=8192)
     # draft-simple named explicitly: these tests are about the draft model's fields (the default is auto)
-    srv = Server(["-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-np", "4", "-c", "8192",
+    # a fixed draft length: the adaptive one would stop drafting on tiny models (draft as costly as target)
+    srv = Server(["-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "--no-spec-draft-adaptive",
+                  "-np", "4", "-c", "8192",
                   "-b", "32", "-t", "1", "--alias", "tiny", "--chat-template", "chatml", "--metrics",
                   "--api-key", f"{KEY},{KEY2}", "--api-key-file", str(d / "keys.txt")], d / "server.log")
     yield srv

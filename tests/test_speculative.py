@@ -19,8 +19,11 @@ N = 48
 
 
 def spec(n_max: int) -> SpecParams:
+    """llama.cpp's fixed draft length: on tiny models (draft as costly as target) the adaptive length
+    would rightly stop drafting, and these tests are about what happens to drafts."""
     p = SpecParams()
     p.draft.n_max = n_max
+    p.draft_adaptive = False
     return p
 
 
