@@ -499,6 +499,22 @@ def test_health_503_while_loading():
         _error(c.post("/v1/completions", json={"prompt": "x"}), 503, "unavailable_error")
 
 
+def test_health_503_after_an_rpc_server_failed(monkeypatch):
+    """Once an RPC server failed, the models on it cannot serve: /health says so (503), so that a load
+    balancer routes elsewhere. (The live server runs in another process: this checks the route in-process.)"""
+    from starlette.testclient import TestClient
+
+    from llamaspec import _llama
+    from llamaspec.server.app import ServerConfig, ServerState, create_app
+
+    state = ServerState(ServerConfig())
+    monkeypatch.setattr(ServerState, "ready", property(lambda self: True))
+    monkeypatch.setattr(_llama.rpc, "failure", lambda: "Remote RPC server crashed")
+    with TestClient(create_app(state)) as c:
+        err = _error(c.get("/health"), 503, "unavailable_error")
+    assert "RPC server failed" in err["message"] and "crashed" in err["message"]
+
+
 def test_startup_errors_are_one_line(tiny_model):
     r = subprocess.run([sys.executable, "-m", "cli.main", "serve", "-m", "/no/such/model.gguf", "--port", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -272,6 +272,10 @@ async def health(request: HttpRequest):
     state = _state(request)
     if not state.ready:
         raise unavailable("Loading model")
+    from .. import _llama
+
+    if _llama.rpc.failure() is not None:  # the models on RPC servers cannot serve any more: route elsewhere
+        raise unavailable(f"an RPC server failed ({_llama.rpc.failure()}); restart the server")
     return JSONResponse({"status": "ok"})
 
 
