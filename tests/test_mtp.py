@@ -427,6 +427,10 @@ def test_tokens_equal_llama_speculative_simple_up_to_n(mtp_models, kind):
     assert out.returncode == 0, out.stderr[-2000:]
     with Engine(path, spec=_spec(n_max=3), n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1) as eng:
         r = eng.generate("hello world", n_predict=N_PREDICT, sampling=L.SamplingParams(temp=0.0))
-        shown = "".join(eng.vocab.token_to_piece(t).decode() for t in r.prompt_tokens)
+        pieces = [eng.vocab.token_to_piece(t).decode() for t in list(r.prompt_tokens) + list(r.tokens)]
     assert len(r.tokens) == N_PREDICT
-    assert out.stdout.strip().startswith(shown + r.text)
+    # native usually prints past -n, but measured on this fixture: in about half the runs its stdout stops
+    # several tokens before -n (the cut varies from run to run, exit code 0); the text it does print must agree
+    native, ours, prompt_text = out.stdout.strip(), "".join(pieces), "".join(pieces[: len(r.prompt_tokens)])
+    assert len(native) > len(prompt_text) + 8, native
+    assert ours.startswith(native) or native.startswith(ours), (native, ours)

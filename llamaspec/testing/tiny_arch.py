@@ -3,6 +3,8 @@ vocabulary, the GGUF writer that draws weights from one seeded generator, and on
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -119,6 +121,21 @@ class _Model:
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+
+    def write_atomic(self, path: "str | os.PathLike[str]") -> Path:
+        """:meth:`write` to a temporary file next to ``path``, renamed over it when complete (a reader never
+        sees half a model; an interrupted write leaves the old file); returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            self.write(Path(tmp))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
 
 
 # ---------------------------------------------------------------------------------------------------

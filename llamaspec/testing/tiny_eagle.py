@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -110,18 +109,6 @@ class _Writer(_Model):
         self.tensors.append((name, np.ascontiguousarray(a, dtype=np.float32)))
 
 
-def _atomic_write(m: _Model, path: str | os.PathLike[str]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        m.write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _new(arch: str, n_layer: int, name: str, n_head: int, n_ff: int = 64, seed: int = 11) -> _Writer:
@@ -153,7 +140,7 @@ def write_target(path: str | os.PathLike[str], *, block_noise: float = 0.0, seed
         m.put(p + "ffn_gate.weight", rng.standard_normal((64, EMBD)).astype(np.float32) * 0.3)
         m.put(p + "ffn_up.weight", rng.standard_normal((64, EMBD)).astype(np.float32) * 0.3)
         m.put(p + "ffn_down.weight", rng.standard_normal((EMBD, 64)).astype(np.float32) * block_noise)
-    return _atomic_write(m, path)
+    return m.write_atomic(path)
 
 
 def write_target_lfm2(path: str | os.PathLike[str], *, seed: int = _CYCLE_SEED) -> Path:
@@ -189,7 +176,7 @@ def write_target_lfm2(path: str | os.PathLike[str], *, seed: int = _CYCLE_SEED) 
             m.put(p + "shortconv.conv.weight", rng.standard_normal((EMBD, 3)).astype(np.float32) * 0.3)
             m.put(p + "shortconv.in_proj.weight", rng.standard_normal((3 * EMBD, EMBD)).astype(np.float32) * 0.3)
             m.put(p + "shortconv.out_proj.weight", np.zeros((EMBD, EMBD), np.float32))
-    return _atomic_write(m, path)
+    return m.write_atomic(path)
 
 
 def write_eagle3(path: str | os.PathLike[str], *, own_head: bool = False, noise: float = 0.35,
@@ -232,7 +219,7 @@ def write_eagle3(path: str | os.PathLike[str], *, own_head: bool = False, noise:
     m.put(p + "ffn_gate.weight", np.zeros((64, EMBD), np.float32))
     m.put(p + "ffn_up.weight", np.zeros((64, EMBD), np.float32))
     m.put(p + "ffn_down.weight", np.zeros((EMBD, 64), np.float32))
-    return _atomic_write(m, path)
+    return m.write_atomic(path)
 
 
 def _rope_qk(d: int, n_pairs: int = 16, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
@@ -302,7 +289,7 @@ def _dflash(path, *, dspark: bool, noise: float, noise_seed: int, target_layers:
             w[0, EMBD:] = rng.uniform(-1.0, 3.0, rank).astype(np.float32)  # confidence by previous token
             m.put("conf_proj.weight", w)
             m.put("conf_proj.bias", np.zeros(1, np.float32))
-    return _atomic_write(m, path)
+    return m.write_atomic(path)
 
 
 def write_dflash(path: str | os.PathLike[str], *, noise: float = 0.2, noise_seed: int = 5,

@@ -194,18 +194,7 @@ def write_model(kind: str, path: str | os.PathLike[str], *, seed: int | None = N
     The file is written atomically (temporary file + rename) and is byte-identical for identical
     arguments.
     """
-    path = Path(path)
-    m = _assemble(kind, seed, overrides)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        m.write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return _assemble(kind, seed, overrides).write_atomic(path)
 
 
 def make_all(directory: str | os.PathLike[str], kinds: Sequence[str] | None = None) -> dict[str, Path]:

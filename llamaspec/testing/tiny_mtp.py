@@ -101,18 +101,6 @@ def _nextn_head(m: _Model, rng: np.random.Generator, p: str, out: np.ndarray, *,
         _set(m, p + "nextn.shared_head_head.weight", h)
 
 
-def _write(m: _Model, path: str | os.PathLike[str]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        m.write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def write_qwen35_mtp(
@@ -140,7 +128,7 @@ def write_qwen35_mtp(
     if mtp_only:
         trunk = tuple(f"blk.{i}." for i in range(n_trunk))
         m.tensors = [(n, a) for n, a in m.tensors if not n.startswith(trunk)]
-    return _write(m, path)
+    return m.write_atomic(path)
 
 
 def write_mimo2_mtp(
@@ -180,7 +168,7 @@ def write_mimo2_mtp(
         _scale(m, p + "ffn_down.weight", delta)
     for k in range(n_nextn):
         _nextn_head(m, rng, f"blk.{n_trunk + k}.", out, beta=beta, eh_noise=eh_noise, head_noise=head_noise)
-    return _write(m, path)
+    return m.write_atomic(path)
 
 
 KINDS = {"qwen35-mtp": write_qwen35_mtp, "mimo2-mtp2": write_mimo2_mtp}
