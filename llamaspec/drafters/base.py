@@ -91,3 +91,23 @@ class Drafter:
 
     def close(self) -> None:
         pass
+
+
+def seq_spans(rows: "Sequence[Row]") -> dict[int, list[int]]:
+    """``{seq_id: [first row index, last row index]}`` of a target batch (the heads' ``process`` reads the
+    target's features per sequence; a sequence's rows are contiguous in llamaspec's batches).
+
+    >>> from collections import namedtuple
+    >>> R = namedtuple("R", "seq_id")
+    >>> seq_spans([R(1), R(1), R(0), R(0), R(0)])
+    {1: [0, 1], 0: [2, 4]}
+    """
+    spans: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        sp = spans.get(r.seq_id)
+        if sp is None:
+            spans[r.seq_id] = [i, i]
+        else:
+            sp[1] = i
+    return spans
+

@@ -30,7 +30,7 @@ from .. import _llama as llama
 from .._llama import ext
 from ..errors import DecodeError, UsageError
 from ..params import DraftModelParams
-from .base import DraftParams, Drafter
+from .base import DraftParams, Drafter, seq_spans
 from .draft_model import top_candidate
 from .eagle3 import check_head_target
 
@@ -118,13 +118,7 @@ class DFlash(Drafter):
         if has_tok == has_embd:
             return True
         n = len(rows)
-        spans: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            sp = spans.get(r.seq_id)
-            if sp is None:
-                spans[r.seq_id] = [i, i]
-            else:
-                sp[1] = i
+        spans = seq_spans(rows)
         try:
             feats = np.concatenate([ext.get_embeddings_layer_inp(self.ctx_tgt, lid, n, self.n_embd_tgt)
                                     for lid in self.ids], axis=1)

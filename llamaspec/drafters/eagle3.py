@@ -33,7 +33,7 @@ from .. import _llama as llama
 from .._llama import ext
 from ..errors import DecodeError, UsageError
 from ..params import DraftModelParams
-from .base import DraftParams, Drafter
+from .base import DraftParams, Drafter, seq_spans
 from .draft_model import top_candidate
 
 log = logging.getLogger("llamaspec")
@@ -165,13 +165,7 @@ class Eagle3(Drafter):
         if not rows or rows[0].token is None or rows[0].embd is not None:
             return True
         n = len(rows)
-        spans: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            sp = spans.get(r.seq_id)
-            if sp is None:
-                spans[r.seq_id] = [i, i]
-            else:
-                sp[1] = i
+        spans = seq_spans(rows)
         try:
             g = self._encode(self._features(n))
         except (DecodeError, UsageError) as e:
