@@ -103,8 +103,22 @@ class DraftLengthController:
         self._idle = 0
 
     def rates(self) -> list[float]:
-        w, p = self.prior_weight, self.prior_rate
-        return [(self.accepts[i] + w * p) / (self.trials[i] + w) for i in range(self.k_max)]
+        """``a_i`` per position: the position's own counts, shrunk toward the estimate of the position before
+        it (the first toward ``prior_rate``). A position never drafted yet takes its predecessor's rate, so
+        high acceptance at the short lengths tried so far lets the next choice reach further.
+
+        >>> c = DraftLengthController(k_max=4, prior_rate=0.7)
+        >>> for _ in range(10):
+        ...     c.update(n_drafted=2, n_accepted=2)       # two positions tried, always accepted
+        >>> [round(r, 2) for r in c.rates()]               # positions 3 and 4 inherit the high rate
+        [0.93, 0.98, 0.98, 0.98]
+        """
+        w, prev = self.prior_weight, self.prior_rate
+        out = []
+        for i in range(self.k_max):
+            prev = (self.accepts[i] + w * prev) / (self.trials[i] + w)
+            out.append(prev)
+        return out
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
         """One verified draft: positions ``< n_accepted`` were accepted, position ``n_accepted`` rejected."""
