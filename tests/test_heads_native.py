@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from llamaspec.engine import Engine
 from llamaspec.params import SpecParams
 from llamaspec.testing import tiny_eagle as te
 
-from helpers import EXACT
+from helpers import EXACT, wait_for_native_server
 
 NATIVE = Path(__file__).resolve().parents[1] / "native" / "bin"
 pytestmark = pytest.mark.skipif(not (NATIVE / "llama-server").exists(),
@@ -64,15 +63,7 @@ def server_completion(target: Path, head: Path, spec_type: str, n_max: int, p_mi
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except Exception:  # noqa: BLE001 - not up yet
-                if proc.poll() is not None:
-                    raise RuntimeError("llama-server exited: " + proc.stderr.read().decode(errors="replace")[-2000:])
-                time.sleep(0.2)
+        wait_for_native_server(proc, url, 600)
         def one(p):
             body = json.dumps({"prompt": p, "n_predict": n_predict, "temperature": 0, "cache_prompt": False,
                                "return_tokens": True, "samplers": ["top_k"], "top_k": 1}).encode()

@@ -8,11 +8,12 @@ import os
 import socket
 import subprocess
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from helpers import wait_for_native_server
 
 from llamaspec import _llama as L
 from llamaspec._llama import ext
@@ -237,15 +238,7 @@ def _server_completions(server: Path, model: Path, prompts, n_predict: int, n_ma
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except Exception:  # noqa: BLE001 - not up yet
-                if proc.poll() is not None:
-                    raise RuntimeError("llama-server exited: " + proc.stderr.read().decode(errors="replace")[-2000:])
-                time.sleep(0.2)
+        wait_for_native_server(proc, url, 300)
         out: dict[int, dict] = {}
 
         def post(i: int, prompt) -> None:
