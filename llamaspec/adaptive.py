@@ -35,9 +35,14 @@ def expected_tokens(rates: list[float], k: int) -> float:
     """
     total, run = 1.0, 1.0
     for i in range(k):
-        run *= rates[i] if i < len(rates) else (rates[-1] if rates else 0.0)
+        run *= _rate(rates, i)
         total += run
     return total
+
+
+def _rate(rates: list[float], i: int) -> float:
+    """``a_i``; positions past the estimates take the last one (none: 0)."""
+    return rates[i] if i < len(rates) else (rates[-1] if rates else 0.0)
 
 
 def best_draft_length(rates: list[float], k_max: int, verify_cost: Callable[[int], float], draft_cost: float,
@@ -182,20 +187,16 @@ class CostModel:
             return 0.0
         all_accepted = 1.0
         for i in range(k):
-            all_accepted *= rates[i] if i < len(rates) else (rates[-1] if rates else 0.0)
+            all_accepted *= _rate(rates, i)
         restore = (self.restore_ms if self.restore_ms is not None else self.checkpoint_ms) / base + self.verify_cost(0)
         return self.checkpoint_ms / base + (1.0 - all_accepted) * restore
 
     def add_decode(self, n_rows: int, ms: float) -> None:
-        old = self.decode_ms.get(n_rows)
-        self.decode_ms[n_rows] = ms if old is None else old + self.alpha * (ms - old)
+        self.decode_ms[n_rows] = self._ema(self.decode_ms.get(n_rows), ms)
 
     def add_draft(self, n_tokens: int, ms: float) -> None:
-        if n_tokens <= 0:
-            return
-        per = ms / n_tokens
-        old = self.draft_ms_per_token
-        self.draft_ms_per_token = per if old is None else old + self.alpha * (per - old)
+        if n_tokens > 0:
+            self.draft_ms_per_token = self._ema(self.draft_ms_per_token, ms / n_tokens)
 
     def verify_cost(self, k: int) -> float:
         """``v(k)``: the decode of ``k + 1`` rows relative to one row (1 + 0.05 k until measured).

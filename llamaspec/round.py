@@ -119,22 +119,18 @@ class SpeculativeRound:
         measured acceptance and the measured costs; alone a slot gets its own best length, several drafting
         slots share one (the cost of a row grows with the batch: longer batches, shorter drafts)."""
         cost, tgt = self.cost_model, self.rollback_tgt
-        live = [(s, n) for s, n in caps if s.adaptive is not None and n > 0]
+        live = [(s, min(n, s.adaptive.k_max)) for s, n in caps if s.adaptive is not None and n > 0]
+        if not live:
+            return caps
         rates = [s.adaptive.rates() for s, _ in live]
 
         def overhead(i: int, k: int) -> float:  # checkpoint + restore of a FULL / RS target (cost-gated)
             return cost.checkpoint_overhead(rates[i], k) if tgt.needs_checkpoint(k) else 0.0
 
-        if len(live) == 1:
-            s, n = live[0]
-            chosen = {s.id: s.adaptive.choose(cost.verify_cost, cost.draft_cost(), k_cap=n,
-                                              overhead=lambda k: overhead(0, k))}
-        elif live:
-            k = best_shared_length(rates, [n for _, n in live], lambda rows: cost.verify_cost(rows - 1),
-                                   cost.draft_cost() * len(live), overhead)
-            chosen = {s.id: s.adaptive.explore(min(k, n), n) for s, n in live}
-        else:
-            return caps
+        # one slot alone is the same choice as DraftLengthController.choose (rows = k + 1, one draft step each)
+        k = best_shared_length(rates, [n for _, n in live], lambda rows: cost.verify_cost(rows - 1),
+                               cost.draft_cost() * len(live), overhead)
+        chosen = {s.id: s.adaptive.explore(min(k, n), n) for s, n in live}
         for s, _ in live:
             if chosen[s.id] == 0:
                 s.stats.n_draft_skipped += 1
