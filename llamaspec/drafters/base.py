@@ -33,6 +33,14 @@ class DraftParams:
     n_min: int | None = None
     p_min: float | None = None
 
+    def n_min_or(self, default: int) -> int:
+        """The request's ``n_min``, else the drafter's ``default``."""
+        return default if self.n_min is None else self.n_min
+
+    def p_min_or(self, default: float) -> float:
+        """The request's ``p_min``, else the drafter's ``default``."""
+        return default if self.p_min is None else self.p_min
+
 
 class Drafter:
     """The whole protocol the chain and the engine use; everything but ``draft`` has a no-op default.

@@ -141,9 +141,6 @@ class DFlash(Drafter):
             return False
         return True
 
-    def _p_min(self, dp: DraftParams) -> float:
-        return self.params.p_min if dp.p_min is None else dp.p_min
-
     def draft(self, params: Sequence[DraftParams]) -> None:
         ctx = self.ctx_dft
         active = [s for s, dp in enumerate(params) if dp.drafting]
@@ -170,7 +167,7 @@ class DFlash(Drafter):
         for s in active:
             dp = params[s]
             b = beg[s]
-            p_min = self._p_min(dp)
+            p_min = dp.p_min_or(self.params.p_min)
             if self.is_dflash2:
                 self._draft_lattice(dp, b, n_block, n_rows, p_min)
             elif self.dspark:
@@ -187,7 +184,7 @@ class DFlash(Drafter):
                     if p < p_min:
                         break
                     dp.result.append(tok)
-            n_min = self.n_min if dp.n_min is None else dp.n_min
+            n_min = dp.n_min_or(self.n_min)
             if n_min > 0 and len(dp.result) < n_min:
                 dp.result.clear()
 

@@ -108,7 +108,7 @@ class DraftSimple(Drafter):
     def _pick(self, seq_id: int, logits: np.ndarray, dp: DraftParams) -> tuple[int, float]:
         cfg = self._sample[seq_id]
         if cfg is None:
-            return top_candidate(logits, self._p_min(dp) > 0.0, self._suppress)
+            return top_candidate(logits, dp.p_min_or(self.params.p_min) > 0.0, self._suppress)
         if self._suppress is not None:
             logits = logits.copy()
             logits[self._suppress] = -np.inf
@@ -126,9 +126,6 @@ class DraftSimple(Drafter):
             dp.probs = []
         dp.probs.append((idx, z))  # p_dft, sparse: the 10 candidates (ids < the target's vocabulary)
         return int(idx[j]), float(z[j])
-
-    def _p_min(self, dp: DraftParams) -> float:
-        return self.params.p_min if dp.p_min is None else dp.p_min
 
     # -- protocol ---------------------------------------------------------------------------------
     def reset(self, seq_id: int) -> None:
@@ -219,7 +216,7 @@ class DraftSimple(Drafter):
             for k, s in enumerate(active):
                 dp = params[s]
                 tok, p = self._pick(s, ctx.logits(k), dp)
-                if p < self._p_min(dp):
+                if p < dp.p_min_or(self.params.p_min):
                     if dp.probs is not None and len(dp.probs) > len(dp.result):
                         dp.probs.pop()
                     continue
@@ -234,7 +231,7 @@ class DraftSimple(Drafter):
             i += 1
         for s in requested:
             dp = params[s]
-            n_min = self.params.n_min if dp.n_min is None else dp.n_min
+            n_min = dp.n_min_or(self.params.n_min)
             if n_min > 0:
                 if len(dp.result) < n_min:
                     dp.result.clear()

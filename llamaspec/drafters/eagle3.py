@@ -192,9 +192,6 @@ class Eagle3(Drafter):
             return False
         return True
 
-    def _p_min(self, dp: DraftParams) -> float:
-        return self.params.p_min if dp.p_min is None else dp.p_min
-
     def draft(self, params: Sequence[DraftParams]) -> None:
         ctx = self.ctx_dft
         requested = [s for s, dp in enumerate(params) if dp.drafting]
@@ -217,7 +214,7 @@ class Eagle3(Drafter):
             next_active: list[int] = []
             for k, s in enumerate(active):
                 dp = params[s]
-                p_min = self._p_min(dp)
+                p_min = dp.p_min_or(self.params.p_min)
                 tok, p = top_candidate(ctx.logits(k), p_min > 0.0, self._suppress)
                 prenorm = ext.get_embeddings_nextn_ith(ctx, k, self.n_embd_dec)
                 if p < p_min:
@@ -238,7 +235,7 @@ class Eagle3(Drafter):
             i += 1
         for s in requested:
             dp = params[s]
-            n_min = self.params.n_min if dp.n_min is None else dp.n_min
+            n_min = dp.n_min_or(self.params.n_min)
             if n_min > 0 and len(dp.result) < n_min:
                 dp.result.clear()
 

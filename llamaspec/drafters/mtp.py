@@ -249,7 +249,7 @@ class DraftMTP(Drafter):
                     if not drafting[s]:
                         continue
                     dp = params[s]
-                    p_min = self.params.p_min if dp.p_min is None else dp.p_min
+                    p_min = dp.p_min_or(self.params.p_min)
                     tok, p = top_candidate(ctx.logits(self.i_last[s]), p_min > 0.0, self._suppress)
                     h = ext.get_embeddings_nextn_ith(ctx, self.i_last[s], self.n_embd)
                     if p < p_min:
@@ -284,7 +284,7 @@ class DraftMTP(Drafter):
                 self._set_offset(0)
         for s in requested:
             dp = params[s]
-            n_min = self.params.n_min if dp.n_min is None else dp.n_min
+            n_min = dp.n_min_or(self.params.n_min)
             if len(dp.result) < n_min:
                 dp.result.clear()
 
