@@ -106,13 +106,14 @@ def build_parts(
     # the draft inherits the target's placement across GPUs; only its layer count is its own (as llama.cpp)
     placement = dict(main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split)
 
-    def own_model(m, ngl: int | None, rpc_servers=None, load_mtp: bool = False) -> llama.Model:
+    def own_model(m, ngl: int | None, rpc_servers=None, load_mtp: bool = False, use_mmap: bool = True) -> llama.Model:
         if isinstance(m, llama.Model):
             if ngl is not None or rpc_servers or any(v is not None for v in placement.values()):
                 log.warning("%s is already loaded: the GPU offload / RPC settings do not apply to it", m.path.name)
             return m
         # RPC servers (the target's, and separately the draft's: local by default) carry the offloaded layers
-        return own(llama.Model(m, n_gpu_layers=ngl, rpc_servers=rpc_servers or None, load_mtp=load_mtp, **placement))
+        return own(llama.Model(m, n_gpu_layers=ngl, rpc_servers=rpc_servers or None, load_mtp=load_mtp, use_mmap=use_mmap,
+                               **placement))
 
     if draft is not None and getattr(spec, "is_auto", False):  # auto + a head / MTP file: that head's drafter
         from .drafters.heads import infer_draft_type
@@ -159,7 +160,15 @@ def build_parts(
             common["n_threads"] = n_threads_draft or n_threads
             parts.ctx_dft = own(mtp_context(parts.model_dft or model, ctx, n_parallel, common))
         elif speculating and draft is not None:
-            parts.model_dft = own_model(draft, n_gpu_layers_draft, rpc_servers_draft)
+            keep, asked = spec.draft_vocab_keep()
+            trimmed = False
+            if keep and not isinstance(draft, llama.Model) and _drafts_with_model(spec):
+                from .models.trim import draft_path
+
+                dp = draft_path(draft, keep, asked)
+                trimmed, draft = dp != Path(draft), dp
+            # a trimmed draft's run-time vocabulary rows are written into its tensors: no read-only mmap
+            parts.model_dft = own_model(draft, n_gpu_layers_draft, rpc_servers_draft, use_mmap=not trimmed)
             if parts.model_dft.n_layer_nextn > 0 and gguf_is_mtp_head_only(parts.model_dft.path):
                 raise UsageError(f"draft {parts.model_dft.path.name} is an MTP head (no trunk layers): it runs only as "
                                  "draft-mtp (--spec-type draft-mtp, or no --spec-type)")
@@ -207,3 +216,9 @@ def build_parts(
                 d.reuse_kv = False
                 log.debug("draft KV reuse needs a trimmable (PART) draft memory; using llama.cpp's re-decode")
     return parts
+
+
+def _drafts_with_model(spec: SpecParams) -> bool:
+    """Whether the draft model runs as draft-simple (alone or inside ``auto``): the only drafter a trimmed
+    vocabulary applies to."""
+    return spec.is_auto or SpecType.DRAFT_SIMPLE in spec.enabled()

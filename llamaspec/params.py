@@ -111,6 +111,13 @@ class DraftModelParams:
     #: verification batch (llama.cpp's TAG_SPEC_AVOID_DRAFT_REEVAL); False = llama.cpp's behaviour;
     #: None = on unless ``SpecParams.parity`` (and only where the draft memory can trim: PART)
     reuse_kv: bool | None = None
+    #: beyond llama.cpp: how many tokens a trimmed copy of the draft keeps (llamaspec.models.trim): 0 = the
+    #: draft's whole vocabulary (llama.cpp); None = ``TRIM_KEEP`` where trimming pays, unless ``SpecParams.parity``
+    vocab: int | None = None
+
+
+#: the default size of a trimmed draft vocabulary (``DraftModelParams.vocab``)
+TRIM_KEEP = 32768
 
 
 @dataclass
@@ -220,6 +227,13 @@ class SpecParams:
         """Whether the draft model's length is chosen per round (``draft_adaptive``, default on; never with parity
         or synthetic acceptance, whose lengths are the experiment)."""
         return not self.parity and self.draft_adaptive is not False and not self.has_synth()
+
+    def draft_vocab_keep(self) -> tuple[int, bool]:
+        """(tokens a trimmed draft keeps, whether that was asked for): (0, _) = the draft's own vocabulary;
+        by default ``TRIM_KEEP`` where trimming pays (``models.trim.trim_pays``), never with ``parity``."""
+        if self.draft.vocab is None:
+            return (0 if self.parity else TRIM_KEEP), False
+        return self.draft.vocab, True
 
     def draft_reuse_kv(self) -> bool:
         """Whether draft-simple keeps its own KV (``draft.reuse_kv``, or on by default unless ``parity``)."""

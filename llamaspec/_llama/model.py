@@ -352,6 +352,7 @@ class Model(_Owned):
         self.arch: str = self.meta("general.architecture") or "unknown"
         self.name: str = self.meta("general.name") or self.path.stem
         self.vocab_only = vocab_only
+        self.use_mmap = use_mmap
         # a vocab-only model has no hyper-parameters: llama.cpp aborts when asked for them
         hp = (lambda f: int(f(ptr))) if not vocab_only else (lambda f: 0)
         self.n_layer: int = hp(native.llama_model_n_layer)

@@ -23,6 +23,8 @@ import numpy as np
 from .. import _llama as llama
 from ..errors import DecodeError, LlamaSpecError, UsageError, VocabMismatchError
 from ..params import DraftModelParams
+from ..models.trim import SOURCE_IDS_KEY, SOURCE_N_KEY, source_ids
+from .vocab_slots import VocabSlots
 from ..vocab import check_vocab_compat, incompatibility_message, is_compatible
 from .base import DraftParams, Drafter
 
@@ -54,6 +56,43 @@ def top_candidate(logits: np.ndarray, need_p: bool, suppress: np.ndarray | None 
     return tok, float(np.exp(float(logits[tok]) - m) / e.sum())
 
 
+def _id_maps(model_tgt: llama.Model, model_dft: llama.Model) -> tuple[np.ndarray | None, np.ndarray | None, int]:
+    """(draft id -> target id (-1: a free row), target id -> draft id (-1: none), the draft's unknown token)
+    for a draft with a trimmed vocabulary, else (None, None, 0)."""
+    if model_dft.meta(SOURCE_N_KEY) is None:
+        return None, None, 0
+    to_tgt = source_ids(model_dft.path)
+    if to_tgt is None or to_tgt.size != model_dft.vocab.n_tokens:
+        raise UsageError(f"draft {model_dft.path.name} says its vocabulary is trimmed but its {SOURCE_IDS_KEY} "
+                         "does not match its tokens: derive it again (delete the file)")
+    n_tgt = model_tgt.vocab.n_tokens
+    unk_meta = model_dft.meta("tokenizer.ggml.unknown_token_id")
+    unk = int(unk_meta) if unk_meta is not None and unk_meta.isdigit() and int(unk_meta) < to_tgt.size else 0
+    to_dft = np.full(max(n_tgt, int(to_tgt.max()) + 1), -1, dtype=np.int64)
+    kept = np.flatnonzero(to_tgt >= 0)
+    to_dft[to_tgt[kept]] = kept
+    return to_tgt, to_dft, unk
+
+
+class MappedVocab:
+    """A trimmed draft's vocabulary seen in the target's id space, for the compatibility rules (spec §11):
+    its size is the source vocabulary's, special ids are mapped back, and an id it does not keep reads as
+    the target's own text (only kept tokens can differ)."""
+
+    def __init__(self, model: llama.Model, to_tgt: np.ndarray, tgt: llama.Vocab):
+        vocab = model.vocab
+        self._v, self._tgt = vocab, tgt
+        self._text = {int(t): i for i, t in enumerate(to_tgt) if t >= 0}
+        self.type, self.add_bos, self.add_eos = vocab.type, vocab.add_bos, vocab.add_eos
+        self.n_tokens = int(model.meta(SOURCE_N_KEY) or to_tgt.size)
+        self.bos = int(to_tgt[vocab.bos]) if 0 <= vocab.bos < to_tgt.size else vocab.bos
+        self.eos = int(to_tgt[vocab.eos]) if 0 <= vocab.eos < to_tgt.size else vocab.eos
+
+    def get_text(self, token: int) -> bytes:
+        i = self._text.get(token)
+        return self._v.get_text(i) if i is not None else self._tgt.get_text(token)
+
+
 @dataclass
 class _SampleCfg:
     temp: float
@@ -70,7 +109,14 @@ class DraftSimple(Drafter):
             raise UsageError(f"--spec-draft-n-max must be >= 0, got {params.n_max}")
         if ctx_dft.n_seq_max != n_seq:
             raise UsageError(f"draft context has n_seq_max={ctx_dft.n_seq_max}, the chain needs {n_seq}")
-        rules = check_vocab_compat(ctx_tgt.model.vocab, ctx_dft.model.vocab)
+        #: a trimmed draft (llamaspec.models.trim): draft id -> target id, and target id -> draft id (tokens the
+        #: draft does not have enter it as its unknown token; it never proposes them)
+        self._to_tgt, self._to_dft, self._unk = _id_maps(ctx_tgt.model, ctx_dft.model)
+        #: a trimmed draft's run-time rows for the tokens it does not keep (None: fixed tokens only)
+        self.vocab_slots = (VocabSlots.open(ctx_dft.model, self._to_tgt, self._to_dft)
+                            if self._to_tgt is not None else None)
+        dft_vocab = ctx_dft.model.vocab if self._to_tgt is None else MappedVocab(ctx_dft.model, self._to_tgt, ctx_tgt.model.vocab)
+        rules = check_vocab_compat(ctx_tgt.model.vocab, dft_vocab)
         if not is_compatible(rules):
             raise VocabMismatchError(
                 incompatibility_message(rules)
@@ -87,9 +133,30 @@ class DraftSimple(Drafter):
         # never propose what the target cannot decode: the suppress list (llama.cpp's -inf logit bias) and,
         # for a draft with the larger (padded) vocabulary, every id past the target's
         self.n_vocab_tgt = ctx_tgt.model.vocab.n_tokens
-        n_vocab_dft = ctx_dft.model.vocab.n_tokens
-        sup = sorted(set(ctx_dft.model.vocab.suppress_tokens) | set(range(self.n_vocab_tgt, n_vocab_dft)))
+        self._refresh_suppress()
+
+    def _refresh_suppress(self) -> None:
+        n_vocab_dft = self.ctx_dft.model.vocab.n_tokens
+        to_tgt = self._to_tgt
+        past = (range(self.n_vocab_tgt, n_vocab_dft) if to_tgt is None
+                else np.flatnonzero((to_tgt >= self.n_vocab_tgt) | (to_tgt < 0)).tolist())  # free rows too
+        sup = sorted(set(self.ctx_dft.model.vocab.suppress_tokens) | set(past))
         self._suppress = np.array(sup, dtype=np.int64) if sup else None
+
+    def _dft_rows(self, rows: Sequence[llama.Row], out_last: bool | None = None) -> list[llama.Row]:
+        """``rows`` (target ids) in the draft's ids: a trimmed draft first gives run-time rows to tokens it
+        lacks (``vocab_slots``), and reads any still without one as its unknown token. ``out_last``: output
+        only on the last row (True) instead of the rows' own flags (None)."""
+        n = len(rows)
+        if self._to_dft is None:
+            return list(rows) if out_last is None else [llama.Row(r.token, r.pos, r.seq_id, i == n - 1) for i, r in enumerate(rows)]
+        toks = [r.token for r in rows]
+        if self.vocab_slots is not None and self.vocab_slots.ensure(toks):
+            self._refresh_suppress()
+        ids = self._to_dft[np.asarray(toks, dtype=np.int64)]
+        ids[ids < 0] = self._unk
+        return [llama.Row(int(d), r.pos, r.seq_id, r.output if out_last is None else i == n - 1)
+                for i, (d, r) in enumerate(zip(ids.tolist(), rows))]
 
     # -- sampling mode (rejection-sampling verification) ------------------------------------------
     def configure_sampling(self, seq_id: int, temp: float, seed: int) -> None:
@@ -114,7 +181,13 @@ class DraftSimple(Drafter):
             logits[self._suppress] = -np.inf
         k = min(DRAFT_TOP_K, logits.shape[0])
         idx = np.argpartition(logits, logits.shape[0] - k)[-k:]
-        idx = np.sort(idx)  # draws go by token id
+        if self._to_tgt is not None:  # a trimmed draft: candidates in target ids (rows fill at run time, unordered)
+            tgt = self._to_tgt[idx]
+            order = np.argsort(tgt)
+            idx, tgt_sorted = idx[order], tgt[order]
+        else:
+            idx = np.sort(idx)  # draws go by token id
+            tgt_sorted = idx
         z = logits[idx].astype(np.float64) / cfg.temp
         z = np.exp(z - z.max())
         z /= z.sum()
@@ -124,7 +197,7 @@ class DraftSimple(Drafter):
         j = min(int(np.searchsorted(c, u * c[-1], side="right")), len(idx) - 1)
         if dp.probs is None:
             dp.probs = []
-        dp.probs.append((idx, z))  # p_dft, sparse: the 10 candidates (ids < the target's vocabulary)
+        dp.probs.append((tgt_sorted, z))  # p_dft, sparse: the 10 candidates (target ids < the target's vocabulary)
         return int(idx[j]), float(z[j])
 
     # -- protocol ---------------------------------------------------------------------------------
@@ -169,8 +242,7 @@ class DraftSimple(Drafter):
             rows = self._skip_decoded(rows)
             if not rows:
                 return True
-        n = len(rows)
-        mirrored = [llama.Row(r.token, r.pos, r.seq_id, i == n - 1) for i, r in enumerate(rows) if r.token is not None]
+        mirrored = self._dft_rows([r for r in rows if r.token is not None], out_last=True)
         if not mirrored:
             return True
         try:
@@ -184,9 +256,10 @@ class DraftSimple(Drafter):
         return True
 
     def _decode_step(self, rows: list[llama.Row]) -> bool:
-        """One drafting decode; with ``reuse_kv`` remember what now sits in the draft context per seq."""
+        """One drafting decode of target-id ``rows``; with ``reuse_kv`` remember what now sits in the draft
+        context per seq (as target ids)."""
         try:
-            self.ctx_dft.decode(rows)
+            self.ctx_dft.decode(self._dft_rows(rows))
         except DecodeError as e:
             log.warning("draft-simple: draft decode failed: %s", e)
             return False
@@ -216,6 +289,8 @@ class DraftSimple(Drafter):
             for k, s in enumerate(active):
                 dp = params[s]
                 tok, p = self._pick(s, ctx.logits(k), dp)
+                if self._to_tgt is not None:
+                    tok = int(self._to_tgt[tok])
                 if p < dp.p_min_or(self.params.p_min):
                     if dp.probs is not None and len(dp.probs) > len(dp.result):
                         dp.probs.pop()
