@@ -162,11 +162,10 @@ def build_parts(
         elif speculating and draft is not None:
             keep, asked = spec.draft_vocab_keep()
             trimmed = False
-            if keep and not isinstance(draft, llama.Model) and _drafts_with_model(spec):
+            if not isinstance(draft, llama.Model) and _drafts_with_model(spec):
                 from .models.trim import draft_path
 
-                dp = draft_path(draft, keep, asked)
-                trimmed, draft = dp != Path(draft), dp
+                draft, trimmed = draft_path(draft, keep, asked)
             # a trimmed draft's run-time vocabulary rows are written into its tensors: no read-only mmap
             parts.model_dft = own_model(draft, n_gpu_layers_draft, rpc_servers_draft, use_mmap=not trimmed)
             if parts.model_dft.n_layer_nextn > 0 and gguf_is_mtp_head_only(parts.model_dft.path):

@@ -279,15 +279,15 @@ def trim_vocab_gguf(src: str | os.PathLike[str], dest: str | os.PathLike[str], k
                  _string(SOURCE_SIZE_KEY) + struct.pack("<IQ", 10, st.st_size)]
         kv_blobs = [replace.get(kv.key) or bytes(buf[kv.start:kv.end]) for kv in lay.kvs] + extra
 
-        # tensors: the vocabulary tensors lose their dropped rows; any other tensor with a dimension of
-        # n_vocab is a layout this does not know
+        # tensors: the vocabulary tensors lose their dropped rows; another per-token matrix outside the
+        # blocks is a layout this does not know
         plan: list[tuple[TensorInfo, tuple[int, ...], Optional[int]]] = []  # (src tensor, new ne, row bytes)
         for t in lay.tensors:
             if t.nbytes is None:
                 raise FetchError(f"cannot trim {srcp}: tensor {t.name} has a type this `gguf` package does not know; upgrade gguf")
             if t.name in _VOCAB_TENSORS and len(t.ne) == 2 and t.ne[1] == n_vocab:
                 plan.append((t, (t.ne[0], n_new), t.nbytes // n_vocab))
-            elif n_vocab in t.ne:
+            elif not t.name.startswith("blk.") and len(t.ne) == 2 and t.ne[1] == n_vocab and t.ne[0] != n_vocab:
                 raise FetchError(f"cannot trim {srcp}: tensor {t.name} {t.ne} has a vocabulary dimension this does not know")
             else:
                 plan.append((t, t.ne, None))
@@ -371,18 +371,23 @@ def trimmed_draft(path: str | os.PathLike[str], keep: int = DEFAULT_KEEP, *, cac
     return dest
 
 
-def draft_path(path: str | os.PathLike[str], keep: int, asked: bool, progress: Optional[ProgressFn] = None) -> Path:
-    """The draft to load for ``path``: its trimmed copy when ``keep`` > 0 and trimming pays (or was ``asked``
-    for and can be done), else ``path`` itself. The decision is logged."""
+def is_trimmed(path: str | os.PathLike[str]) -> bool:
+    with open_gguf(path) as (lay, _):
+        return lay.get(SOURCE_N_KEY) is not None
+
+
+def draft_path(path: str | os.PathLike[str], keep: int, asked: bool, progress: Optional[ProgressFn] = None) -> tuple[Path, bool]:
+    """(the draft to load for ``path``, whether it is a trimmed file): its trimmed copy when ``keep`` > 0
+    and trimming pays (or was ``asked`` for and can be done), else ``path`` itself. Logged."""
     p = Path(path)
     if keep <= 0:
-        return p
+        return p, is_trimmed(p)
     ok, why = trim_pays(p, keep, asked=asked)
     if not ok:
         (log.warning if asked else log.debug)("draft %s keeps its whole vocabulary: %s", p.name, why)
-        return p
+        return p, is_trimmed(p)
     log.info("draft %s: trimmed vocabulary, %s", p.name, why)
-    return trimmed_draft(p, keep, progress=progress)
+    return trimmed_draft(p, keep, progress=progress), True
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m llamaspec.models.trim DRAFT [K]
