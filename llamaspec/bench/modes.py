@@ -87,8 +87,9 @@ class Mode:
 
     def spec_params(self, template: SpecParams | None = None) -> SpecParams:
         """The llamaspec parameters for this mode: ``template``'s settings (n_max, n-gram sizes) with this
-        mode's types and synthetic length; a named drafter drafts at the fixed length native engines get
-        (only ``default`` has llamaspec's adaptive length)."""
+        mode's types and synthetic length; a named drafter drafts at the fixed length native engines get,
+        with the draft's whole vocabulary (only ``default`` has llamaspec's adaptive length and trimmed
+        draft vocabulary)."""
         p = copy.deepcopy(template) if template is not None else SpecParams()
         p.types = ["none"]
         if self.types:
@@ -96,8 +97,10 @@ class Mode:
         if self.is_default:
             p.parity, p.draft_adaptive, p.draft.reuse_kv = False, None, None
             p.draft.n_max = ADAPTIVE_DRAFT_N_MAX
-        else:  # a named drafter runs at the fixed length every engine gets
+            p.draft.vocab = None  # a trimmed draft vocabulary where it pays
+        else:  # a named drafter runs at the fixed length every engine gets, with the draft's whole vocabulary
             p.draft_adaptive = False
+            p.draft.vocab = 0
             if self.n_max is not None:
                 p.draft.n_max = self.n_max
         p.synth_len = -1.0 if self.synth_len is None else float(self.synth_len)
