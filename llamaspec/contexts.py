@@ -162,7 +162,7 @@ def build_parts(
         elif speculating and draft is not None:
             keep, asked = spec.draft_vocab_keep()
             trimmed = False
-            if not isinstance(draft, llama.Model) and _drafts_with_model(spec):
+            if not isinstance(draft, llama.Model) and spec.drafts_with_model():
                 from .models.trim import draft_path
 
                 draft, trimmed = draft_path(draft, keep, asked)
@@ -216,8 +216,3 @@ def build_parts(
                 log.debug("draft KV reuse needs a trimmable (PART) draft memory; using llama.cpp's re-decode")
     return parts
 
-
-def _drafts_with_model(spec: SpecParams) -> bool:
-    """Whether the draft model runs as draft-simple (alone or inside ``auto``): the only drafter a trimmed
-    vocabulary applies to."""
-    return spec.is_auto or SpecType.DRAFT_SIMPLE in spec.enabled()

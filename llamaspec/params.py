@@ -235,6 +235,11 @@ class SpecParams:
             return (0 if self.parity else TRIM_KEEP), False
         return self.draft.vocab, True
 
+    def drafts_with_model(self) -> bool:
+        """Whether a draft model would run as draft-simple (alone or inside ``auto``): the drafter a trimmed
+        vocabulary applies to."""
+        return self.is_auto or SpecType.DRAFT_SIMPLE in self.enabled()
+
     def draft_reuse_kv(self) -> bool:
         """Whether draft-simple keeps its own KV (``draft.reuse_kv``, or on by default unless ``parity``)."""
         return (not self.parity) if self.draft.reuse_kv is None else bool(self.draft.reuse_kv)

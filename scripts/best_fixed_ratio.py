@@ -24,7 +24,7 @@ def _median_tps(runs: list[dict]) -> float:
     return statistics.median(v) if v else 0.0
 
 
-def analyse(report: dict) -> dict:
+def analyse(report: dict, mode: str = "default") -> dict:
     by: dict[tuple, list[dict]] = defaultdict(list)
     cat: dict[str, str] = {}
     for r in report["runs"]:
@@ -34,7 +34,7 @@ def analyse(report: dict) -> dict:
     natives = sorted({e for e, m, _ in by if e != "llamaspec" and m.startswith("draft-simple")})
     rows = []
     for p in prompts:
-        d = _median_tps(by.get(("llamaspec", "default", p), []))
+        d = _median_tps(by.get(("llamaspec", mode, p), []))
         plain = _median_tps(by.get(("llamaspec", "plain", p), []))
         row = {"prompt": p, "category": cat[p], "default_tps": d, "plain_tps": plain, "native": {}}
         for e in natives:
@@ -84,8 +84,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("report")
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--mode", default="default", help="the llamaspec mode to compare (default: %(default)s)")
     args = ap.parse_args()
-    a = analyse(json.loads(Path(args.report).read_text()))
+    a = analyse(json.loads(Path(args.report).read_text()), args.mode)
     md = markdown(a, args.report)
     print(md)
     if args.markdown:

@@ -13,10 +13,14 @@ A mode is one of
   find an engine's best fixed draft length in one run;
 * ``default`` — llamaspec's defaults, as ``llamaspec generate`` runs without speculative flags (``auto``:
   ngram-lookup, then the draft model when there is one, adaptive draft length up to
-  :data:`~llamaspec.params.ADAPTIVE_DRAFT_N_MAX`); only the llamaspec engine runs it.
+  :data:`~llamaspec.params.ADAPTIVE_DRAFT_N_MAX`, trimmed draft vocabulary where it pays); only the
+  llamaspec engine runs it;
+* ``default:TYPES`` — the same defaults with the named drafters instead of ``auto`` (``default:draft-simple``).
 
 >>> [m.name for m in parse_modes("plain, draft-simple,ngram-mod+draft-simple,synth:3,lookup,draft-simple:8,default")]
 ['plain', 'draft-simple', 'ngram-mod+draft-simple', 'synth:3.0', 'lookup:10', 'draft-simple:8', 'default']
+>>> m = parse_mode("default:draft-simple"); m.is_default, m.types, m.spec_params().draft_adaptive_on()
+(True, ('draft-simple',), True)
 >>> parse_mode("draft-simple:8").spec_params().draft.n_max, parse_mode("default").spec_params().is_auto
 (8, True)
 >>> parse_mode("ngram-mod+draft-simple").types
@@ -49,11 +53,14 @@ class Mode:
     lookup_n: int | None = None
     #: the draft model's fixed n_max for this mode (``TYPES:N``); None = the benchmark's --spec-draft-n-max
     n_max: int | None = None
+    #: ``default:TYPES``: these drafters with llamaspec's defaults (adaptive length, trimmed draft vocabulary)
+    defaults: bool = False
 
     @property
     def is_default(self) -> bool:
-        """llamaspec's own defaults (``auto``, adaptive length): no other engine has them."""
-        return self.types == ("auto",)
+        """llamaspec's own defaults (``auto``, or ``default:TYPES``; adaptive length, trimmed draft
+        vocabulary): no other engine has them."""
+        return self.types == ("auto",) or self.defaults
 
     @property
     def kind(self) -> str:
@@ -116,6 +123,11 @@ def parse_mode(text: str) -> Mode:
         return Mode("plain")
     if s == "default":
         return Mode("default", types=("auto",))
+    if s.startswith("default:"):
+        inner = parse_mode(s.split(":", 1)[1])
+        if not inner.types or inner.n_max is not None or inner.synth_len is not None or inner.lookup_n is not None:
+            raise UsageError(f"mode {s!r}: default:TYPES takes drafter types only (e.g. default:draft-simple)")
+        return Mode(f"default:{inner.name}", types=inner.types, defaults=True)
     if s == "lookup" or s.startswith("lookup:"):
         n = DEFAULT_LOOKUP_N
         if ":" in s:

@@ -121,8 +121,12 @@ class LlamaspecRunner(Runner):
             return
         # draft-mtp needs the target loaded with its MTP blocks: the engine loads its own copy
         target = self.model.path if "draft-mtp" in mode.types else self.model
+        spec = mode.spec_params(self.s.spec)
+        draft = self.model_dft if mode.uses_draft else None
+        if draft is not None and spec.draft_vocab_keep()[0] and spec.drafts_with_model():
+            draft = draft.path  # the engine loads the trimmed copy of the draft (a loaded model is used as is)
         self.engines[mode.name] = Engine(
-            target, draft=self.model_dft if mode.uses_draft else None, spec=mode.spec_params(self.s.spec),
+            target, draft=draft, spec=spec,
             n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, n_threads=self.s.threads, flash_attn=self.s.flash_attn,
             n_threads_batch=self.s.threads_batch or None, n_threads_draft=self.s.threads_draft or None)
 
@@ -189,6 +193,8 @@ class NativeRunner(Runner):
         own = [t for t in mode.types if t in ("auto", "ngram-lookup")]
         if own:
             return f"{own[0]} is llamaspec's own (beyond llama.cpp)"
+        if mode.is_default:
+            return "llamaspec's defaults (adaptive length, trimmed draft vocabulary) are its own"
         tool = self.tool(mode)
         if (self.simple_bin if tool == SPEC_SIMPLE else self.server_bin) is None:
             return f"native tool {tool} is not built (run scripts/build_llama_cpp.sh --targets tools)"

@@ -346,18 +346,27 @@ def _corpus_ids(path: Path) -> np.ndarray:
         m.close()
 
 
+def _cache_key(srcp: Path, keep: int) -> str:
+    st = srcp.stat()
+    key = json.dumps([str(srcp), st.st_size, st.st_mtime_ns, keep, TRIM_FORMAT_VERSION,
+                      hashlib.sha256(corpus_text().encode("utf-8")).hexdigest()])
+    return f"{srcp.stem}.v{keep}.{hashlib.sha256(key.encode('utf-8')).hexdigest()[:16]}.gguf"
+
+
+def cached_trimmed(path: str | os.PathLike[str], keep: int, cache: str | os.PathLike[str] | None = None) -> Optional[Path]:
+    """The cached trimmed copy of ``path`` for ``keep``, or None when it was not derived yet."""
+    dest = cache_dir(cache) / "trimmed" / _cache_key(Path(path).resolve(), keep)
+    return dest if dest.exists() else None
+
+
 def trimmed_draft(path: str | os.PathLike[str], keep: int = DEFAULT_KEEP, *, cache: str | os.PathLike[str] | None = None,
                   progress: Optional[ProgressFn] = None) -> Path:
-    """The cached copy of the draft at ``path`` trimmed to ``keep`` tokens, derived on first use (a few
-    seconds). The cache key is the source's path, size and mtime, ``keep``, the corpus and the format."""
+    """The cached copy of the draft at ``path`` trimmed to ``keep`` rows (``keep // 8``, at most
+    ``DEFAULT_SLOTS``, of them free for run-time tokens), derived on first use (seconds). The cache key is
+    the source's path, size and mtime, ``keep``, the corpus and the format."""
     srcp = Path(path).resolve()
-    st = srcp.stat()
-    corpus = corpus_text()
-    key = json.dumps([str(srcp), st.st_size, st.st_mtime_ns, keep, TRIM_FORMAT_VERSION,
-                      hashlib.sha256(corpus.encode("utf-8")).hexdigest()])
-    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
     d = cache_dir(cache) / "trimmed"
-    dest = d / f"{srcp.stem}.v{keep}.{digest}.gguf"
+    dest = d / _cache_key(srcp, keep)
     if dest.exists():
         return dest
     d.mkdir(parents=True, exist_ok=True)
@@ -376,7 +385,8 @@ def is_trimmed(path: str | os.PathLike[str]) -> bool:
         return lay.get(SOURCE_N_KEY) is not None
 
 
-def draft_path(path: str | os.PathLike[str], keep: int, asked: bool, progress: Optional[ProgressFn] = None) -> tuple[Path, bool]:
+def draft_path(path: str | os.PathLike[str], keep: int, asked: bool, progress: Optional[ProgressFn] = None,
+               cache: str | os.PathLike[str] | None = None) -> tuple[Path, bool]:
     """(the draft to load for ``path``, whether it is a trimmed file): its trimmed copy when ``keep`` > 0
     and trimming pays (or was ``asked`` for and can be done), else ``path`` itself. Logged."""
     p = Path(path)
@@ -387,7 +397,7 @@ def draft_path(path: str | os.PathLike[str], keep: int, asked: bool, progress: O
         (log.warning if asked else log.debug)("draft %s keeps its whole vocabulary: %s", p.name, why)
         return p, is_trimmed(p)
     log.info("draft %s: trimmed vocabulary, %s", p.name, why)
-    return trimmed_draft(p, keep, progress=progress), True
+    return trimmed_draft(p, keep, progress=progress, cache=cache), True
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m llamaspec.models.trim DRAFT [K]
