@@ -13,7 +13,11 @@ when there is one. Speculation that loses is switched off for that slot and trie
   against a plain step) the drafter is switched off for the slot for ``backoff`` rounds, doubling each time
   it fails again (up to ``backoff_max``), back to the start value when it pays.
 * ``ngram-lookup`` gates itself the same way at each lookup (its expected gain from its per-slot acceptance
-  by match length and the same ``v(k)``); it gets the cost model of the auto chain.
+  by match length and the same ``v(k)``); it gets the cost model of the auto chain. With a draft model after
+  it, its draft must beat the draft model's expected gain on that slot (the slot's own measure, or every
+  slot's together until the slot has one: a new request does not start from "anything beats plain"), and a
+  slot's first n-gram drafts are at most ``AUTO_NGRAM_K_START`` tokens, doubling with each copy accepted whole
+  (a failed long copy costs a round the draft model would have used well).
 
 The statistics (``stats_dicts`` / ``stats_lines``) add, per drafter, why it did not draft: ``no-match`` /
 ``not-paying`` (ngram-lookup) and ``gated`` rounds, ``n_gate_off`` (times it was switched off) and the last
@@ -42,6 +46,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .params import SpecParams
 
 log = logging.getLogger("llamaspec")
+
+#: decay per round of a drafter's all-slots gain (``GatedDrafter.overall``): it follows the last ~20 rounds
+OVERALL_DECAY = 0.95
+#: ngram-lookup's first-draft limit per slot (NgramLookupParams.k_start) when a draft model follows it
+AUTO_NGRAM_K_START = 8
 
 
 @dataclass
@@ -97,6 +106,8 @@ class GatedDrafter(Drafter):
         self.n_seq = inner.n_seq
         self.stats = inner.stats
         self.gates = [SlotGate(auto.gate.backoff) for _ in range(inner.n_seq)]
+        #: every slot's rounds together (a slower decay): the drafter's gain before a slot has measured its own
+        self.overall = SlotGate(auto.gate.backoff)
         self._k = [0] * inner.n_seq  # length of this round's draft per slot (0 = none)
         self.t_process_ms = 0.0  # decaying mean of process() per call
         self.n_gate_off = 0
@@ -186,6 +197,7 @@ class GatedDrafter(Drafter):
         p = (self.t_process_ms / base) if base else 0.0
         g = self.gates[seq_id]
         g.record(1.0 + n_accepted, cm.verify_cost(k) + k * c + p, self.auto.gate.decay)
+        self.overall.record(1.0 + n_accepted, cm.verify_cost(k) + k * c + p, OVERALL_DECAY)
         self.last_gain = g.gain()
         if g.should_stop(self.auto.gate.min_rounds, self.auto.gate.margin):
             g.off = g.backoff
@@ -194,6 +206,19 @@ class GatedDrafter(Drafter):
             log.debug("auto: %s off for slot %d for %d rounds (measured gain %.2fx)", self.type, seq_id, g.off, g.gain())
         elif g.n >= self.auto.gate.min_rounds:
             g.backoff = self.auto.gate.backoff
+
+    def expected_gain(self, seq_id: int) -> float:
+        """The gain this drafter is expected to give ``seq_id`` now (tokens per unit cost; 1 = a plain
+        step): the slot's own measure once it has ``min_rounds``, else every slot's together, 1 while
+        nothing was measured or the slot is switched off."""
+        g = self.gates[seq_id]
+        if g.off > 0:
+            return 1.0
+        if g.n >= self.auto.gate.min_rounds:
+            return max(1.0, g.gain())
+        if self.overall.n >= self.auto.gate.min_rounds:
+            return max(1.0, self.overall.gain())
+        return 1.0
 
     def configure_sampling(self, seq_id, temp, seed):
         self.inner.configure_sampling(seq_id, temp, seed)
@@ -311,11 +336,9 @@ def build_auto_chain(params: "SpecParams", n_seq: int, ctx_tgt, ctx_dft) -> Auto
             chain.impls.append(gated)
             ngram = chain.impls[0]
 
-            def floor(seq_id: int) -> float:  # the n-gram draft must beat the draft model where it pays
-                g = gated.gates[seq_id]
-                return max(1.0, g.gain()) if g.off == 0 and g.n >= chain.gate.min_rounds else 1.0
-
-            ngram.gain_floor = floor
+            ngram.gain_floor = gated.expected_gain  # the n-gram draft must beat the draft model where it pays
+            if ngram.params.k_start == 0:
+                ngram.set_k_start(AUTO_NGRAM_K_START)
     except BaseException:
         for d in impls:
             d.close()

@@ -152,6 +152,11 @@ class NgramLookupParams:
     decay: float = 0.9
     #: after this many rounds with a match but no draft, draft a short one to measure again
     explore_every: int = 8
+    #: a slot's first drafts are at most this long; the limit doubles after each draft accepted whole and
+    #: halves (not below this) after one that lost more than half: a copy has to prove itself before a
+    #: long draft is risked on it (0 = no such limit; ``auto`` with a draft model sets AUTO_NGRAM_K_START,
+    #: where a failed long copy costs the draft model's round too)
+    k_start: int = 0
 
 
 @dataclass

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import main
-from llamaspec.auto import AutoChain, GatedDrafter, SlotGate
+from llamaspec.auto import AUTO_NGRAM_K_START, AutoChain, GatedDrafter, SlotGate
 from llamaspec.drafters.base import DraftParams, Drafter
 from llamaspec.drafters.ngram_lookup import (NgramLookup, NgramLookupParams, best_length, default_verify_cost,
                                               expected_len, lookup_draft)
@@ -122,6 +122,29 @@ def test_lookup_drafts_long_while_the_copy_runs():
     assert lens[0] > 0 and lens[-1] >= 16
 
 
+def test_lookup_slow_start():
+    """``k_start``: a slot's first draft is short; each draft accepted whole doubles the limit, one that loses
+    more than half halves it (not below k_start); a new request starts short again."""
+    d = NgramLookup(1, NgramLookupParams(n_max=32, key_max=8, k_start=4))
+    text = list(range(100, 400))
+    hist, id_last = text + text[:10], text[10]
+    d.begin(0, hist)
+    lens = []
+    for _ in range(4):
+        r = one_draft(d, hist, id_last, 32)
+        lens.append(len(r))
+        d.accept(0, len(r), False)
+        hist = hist + [id_last] + r
+        id_last = text[len(hist) - len(text)]
+    assert lens == [4, 8, 16, 32]
+    r = one_draft(d, hist, id_last, 32)
+    d.accept(0, 3, False)  # lost more than half
+    assert len(r) == 32 and d._slots[0].k_lim == 16
+    d.begin(0, hist)
+    assert len(one_draft(d, hist, id_last, 32)) == 4
+    assert len(one_draft(NgramLookup(1, NgramLookupParams(n_max=32, key_max=8)), hist, id_last, 32)) > 4  # k_start 0: no limit
+
+
 # -- the gate -------------------------------------------------------------------------------------------
 
 class FakeDraft(Drafter):
@@ -180,6 +203,21 @@ def test_gate_starts_fresh_for_a_new_request():
     assert gated.gates[0].off == 0 and gated.gates[0].n == 0
 
 
+def test_gate_expected_gain_before_a_slot_measures():
+    """A new request's slot has no measure of its own: the floor the n-gram draft must beat is the drafter's
+    gain over every slot so far (not 1, which any n-gram draft beats), and 1 while it is switched off."""
+    gated, _ = run_gate(3, 30, {1: 10.0, 4: 12.0}, draft_ms=1.0)
+    own = gated.expected_gain(0)
+    gated.begin(0, [1, 2, 3])
+    assert gated.gates[0].n == 0
+    assert gated.expected_gain(0) == pytest.approx(gated.overall.gain()) and gated.expected_gain(0) > 1.5
+    assert abs(gated.expected_gain(0) - own) < 0.5
+    gated.gates[0].off = 4
+    assert gated.expected_gain(0) == 1.0
+    fresh, _ = run_gate(3, 0, {1: 10.0, 4: 12.0})
+    assert fresh.expected_gain(0) == 1.0   # nothing measured yet
+
+
 def test_gate_keeps_a_paying_drafter():
     gated, drafted = run_gate(3, 30, {1: 10.0, 4: 12.0}, draft_ms=1.0)
     assert gated.n_gate_off == 0 and all(n == 3 for n in drafted)
@@ -236,6 +274,11 @@ def test_auto_greedy_equals_plain(tiny_model, plain, n_parallel, with_draft):
     draft = tiny_model("llama-draft") if with_draft else None
     with Engine(tiny_model("llama"), draft=draft, spec=auto(), n_ctx=256, n_parallel=n_parallel, **EXACT) as e:
         assert e.chain.types == (["ngram-lookup", "draft-simple"] if with_draft else ["ngram-lookup"])
+        ngram = e.chain.impls[0]
+        if with_draft:  # the n-gram draft must beat the draft model's expected gain, and starts short
+            assert ngram.gain_floor == e.chain.impls[1].expected_gain and ngram.params.k_start == AUTO_NGRAM_K_START
+        else:
+            assert ngram.gain_floor(0) == 1.0 and ngram.params.k_start == 0
         rs = e.generate_many(PROMPTS, n_predict=40)
         stats = {d["type"]: d for d in e.drafter_stats()}
         lines = e.stats_lines()

@@ -167,9 +167,9 @@ def lookup_draft(seq: Sequence[int], key_max: int, n: int) -> list[int]:
 class _Slot:
     """One sequence's history, its n-gram index and its acceptance counts."""
 
-    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "idle", "explore_gap", "exploring")
+    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "idle", "explore_gap", "exploring", "k_lim")
 
-    def __init__(self, key_max: int):
+    def __init__(self, key_max: int, k_lim: int = 0):
         self.toks: list[int] = []
         self.idx: list[dict[int, int]] = [dict() for _ in range(key_max)]
         nb = len(BUCKETS)
@@ -180,6 +180,7 @@ class _Slot:
         self.idle = 0
         self.explore_gap = 0  # rounds between exploration drafts (0 = the configured explore_every)
         self.exploring = False
+        self.k_lim = k_lim  # the longest draft this slot may risk now (0 = no limit)
 
     # -- index ----------------------------------------------------------------------------------
     def build(self, tokens: Sequence[int]) -> None:
@@ -293,7 +294,7 @@ class NgramLookup(Drafter):
             raise ValueError(f"ngram-lookup key_max must be >= 1, got {p.key_max}")
         self.params = p
         self.n_max = p.n_max
-        self._slots = [_Slot(p.key_max) for _ in range(n_seq)]
+        self._slots = [_Slot(p.key_max, p.k_start) for _ in range(n_seq)]
         #: drafter-wide acceptance (a prior for new requests): decayed counts per bucket
         nb = len(BUCKETS)
         self._g_p1 = [[PRIOR_P1[b] * 4, 4.0] for b in range(nb)]
@@ -324,12 +325,18 @@ class NgramLookup(Drafter):
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
         """A new request: index its prompt; the slot's acceptance counts start again from the drafter-wide
         prior (what earlier requests measured)."""
-        st = _Slot(self.params.key_max)
+        st = _Slot(self.params.key_max, self.params.k_start)
         st.build(prompt)
         self._slots[seq_id] = st
 
     def reset(self, seq_id: int) -> None:
-        self._slots[seq_id] = _Slot(self.params.key_max)
+        self._slots[seq_id] = _Slot(self.params.key_max, self.params.k_start)
+
+    def set_k_start(self, k: int) -> None:
+        """Limit each slot's first drafts to ``k`` tokens (``NgramLookupParams.k_start``)."""
+        self.params.k_start = k
+        for st in self._slots:
+            st.k_lim = k
 
     def _priors(self) -> tuple[list[float], list[float]]:
         return ([a / n for a, n in self._g_p1], [a / n for a, n in self._g_q])
@@ -344,6 +351,8 @@ class NgramLookup(Drafter):
             st.last_bucket, st.last_k = -1, 0
             st.sync(dp.prompt)
             k_cap = self.n_max if dp.n_max < 0 else min(self.n_max, dp.n_max)
+            if st.k_lim > 0:
+                k_cap = min(k_cap, st.k_lim)
             if k_cap <= 0:
                 continue
             e, m = st.match(dp.id_last)
@@ -379,6 +388,11 @@ class NgramLookup(Drafter):
         if is_other or b < 0 or k <= 0:
             return
         st.update(b, k, n_accepted, self.params.decay)
+        if st.k_lim > 0:
+            if n_accepted >= k and k >= st.k_lim:
+                st.k_lim = min(2 * st.k_lim, max(self.n_max, 1))
+            elif 2 * n_accepted < k:
+                st.k_lim = max(self.params.k_start, st.k_lim // 2)
         if n_accepted > 0:
             st.explore_gap = 0
         elif st.exploring:  # looked again in vain: look less often (up to 8x the configured interval)
