@@ -22,10 +22,11 @@ _OPTIONS = [
                  help="Beyond llama.cpp: keep the draft's own KV instead of re-decoding each verified batch in the "
                       "draft model (draft-simple; ~10% faster on Gemma-270M; default: on, off with --spec-parity)."),
     click.option("--spec-draft-vocab", "spec_draft_vocab", type=int, default=None,
-                 help="Beyond llama.cpp: draft with a copy of the draft model that keeps only its N most frequent tokens "
-                      "(derived once into the model cache; the target still verifies every token). 0 = the whole "
-                      "vocabulary. Default: 32768 when the draft's vocabulary rows dominate its cost (gemma-3: 2x "
-                      "faster drafting), else whole; whole with --spec-parity."),
+                 help="Beyond llama.cpp: draft with a copy of the draft model that keeps its N most frequent tokens, "
+                      "N/8 (at most 2048) of them free rows filled at run time with the rarer tokens the prompt and "
+                      "output use (derived once into the model cache; the target still verifies against every token, "
+                      "so output is unchanged). 0 = the whole vocabulary. Default: 32768 when the draft's vocabulary "
+                      "rows dominate its cost (gemma-3: 2x faster drafting), else whole; whole with --spec-parity."),
     click.option("--spec-draft-adaptive/--no-spec-draft-adaptive", "spec_draft_adaptive", default=None,
                  help="Beyond llama.cpp: choose each round's draft-model length per slot from measured acceptance and "
                       "costs, shorter when many slots draft together (--spec-draft-n-max is the ceiling, default "

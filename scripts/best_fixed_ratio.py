@@ -55,13 +55,14 @@ def analyse(report: dict, mode: str = "default") -> dict:
         summary[e] = {"median": statistics.median(ratios) if ratios else None,
                       "min": min(ratios) if ratios else None, "max": max(ratios) if ratios else None,
                       "per_category": {c: statistics.median(v) for c, v in sorted(per_cat.items())}}
-    return {"rows": rows, "summary": summary}
+    return {"rows": rows, "summary": summary, "mode": mode}
 
 
 def markdown(a: dict, source: str) -> str:
-    out = [f"Source: `{source}`", "",
-           "| prompt | category | plain tok/s | llamaspec default tok/s (x plain) | " +
-           " | ".join(f"{e}: best fixed (tok/s) | default / {e}" for e in a["summary"]) + " |",
+    m = a.get("mode", "default")
+    out = [f"Source: `{source}`, llamaspec mode `{m}`", "",
+           f"| prompt | category | plain tok/s | llamaspec {m} tok/s (x plain) | " +
+           " | ".join(f"{e}: best fixed (tok/s) | {m} / {e}" for e in a["summary"]) + " |",
            "|---|---|---:|---:|" + "---|---:|" * len(a["summary"])]
     for r in a["rows"]:
         sp = f"{r['default_tps']:.1f} ({r['default_tps'] / r['plain_tps']:.2f}x)" if r["plain_tps"] else f"{r['default_tps']:.1f}"
@@ -75,7 +76,7 @@ def markdown(a: dict, source: str) -> str:
         if s["median"] is None:
             continue
         cats = ", ".join(f"{c} {v:.2f}" for c, v in s["per_category"].items())
-        out.append(f"- default / {e} at its best fixed n_max per prompt: median **{s['median']:.2f}** "
+        out.append(f"- {m} / {e} at its best fixed n_max per prompt: median **{s['median']:.2f}** "
                    f"(min {s['min']:.2f}, max {s['max']:.2f}); per category: {cats}")
     return "\n".join(out) + "\n"
 

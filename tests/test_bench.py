@@ -154,6 +154,20 @@ def test_aggregate_ngram_uses_zero_draft_cost_and_counts_plain_rounds():
     assert row["predicted_speedup"] == pytest.approx((4 * 3 + 8) / (4 * 1.0 + 8))
 
 
+def test_aggregate_default_modes_use_the_trimmed_draft_cost():
+    """``default:TYPES`` drafts with the trimmed draft: its measured cost ratio, not the whole draft's."""
+    res = [_run("llamaspec", "plain", "a", 0, 10, 1.0)]
+    for mode in ("draft-simple", "default:draft-simple"):
+        res.append(_run("llamaspec", mode, "a", 0, 10, 0.5, n_drafted=9, n_accepted=6, n_verif_steps=3,
+                        accepted_per_pos=[3, 3, 0]))
+    curve = {"1": 10.0, "4": 16.0}
+    rows = {r["mode"]: r for r in aggregate(res, cost_ratio=0.5, cost_ratio_trimmed=0.2, verify_curve=curve)}
+    assert rows["draft-simple"]["cost_ratio"] == 0.5 and rows["default:draft-simple"]["cost_ratio"] == 0.2
+    assert rows["default:draft-simple"]["predicted_speedup"] == pytest.approx(3 / (3 * 0.2 + 1.6))
+    rows = {r["mode"]: r for r in aggregate(res, cost_ratio=0.5, verify_curve=curve)}  # not measured: the whole draft's
+    assert rows["default:draft-simple"]["cost_ratio"] == 0.5
+
+
 def test_per_group_tps():
     res = [_run("e", "m", "a", 0, 11, 1.0), _run("e", "m", "a", 1, 11, 2.0), _run("e", "m", "a", 2, 11, 0.5)]
     assert per_group_tps(res, lambda r: (r.engine, r.category)) == {("e", "cat-a"): 10.0}
@@ -398,6 +412,11 @@ def test_bench_quick_smoke(tmp_path):
         assert any("not built" in n for n in rep["notes"])
     assert md.read_text().startswith("# Benchmark: tiny llama")
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # the speedup model per prompt kind: one entry per category for the drafting modes, each with a prediction
+    pcm = [x for x in rep["per_category_model"] if x["engine"] == "llamaspec" and x["mode"] == "draft-simple"]
+    assert len(pcm) == len({x["category"] for x in rep["per_category"]})
+    assert all(x["predicted_speedup"] and x["speedup"] for x in pcm)
+    assert "## Speedup against the model by prompt category" in md.read_text()
 
 
 def test_bench_skips_native_when_not_built(tmp_path):

@@ -8,6 +8,7 @@ import shlex
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -103,8 +104,9 @@ def _machine() -> dict:
 
 
 def measure_costs(target: llama.Model, draft: llama.Model | None, threads: int, *, threads_batch: int | None = None,
-                  threads_draft: int | None = None) -> dict:
-    """Target verify-cost curve and draft/target cost ratio (spec §6 probe; ms of one decode with logits)."""
+                  threads_draft: int | None = None, draft_trimmed: str | None = None) -> dict:
+    """Target verify-cost curve and draft/target cost ratio (spec §6 probe; ms of one decode with logits);
+    with ``draft_trimmed`` (the trimmed copy the ``default`` modes draft with) its cost ratio too."""
     from ..probe import measure_verify_curve, recommend_draft_length
 
     curve = measure_verify_curve(target, sizes=VERIFY_SIZES, n_threads=threads, n_threads_batch=threads_batch)
@@ -115,6 +117,14 @@ def measure_costs(target: llama.Model, draft: llama.Model | None, threads: int, 
         out["draft_ms_1"] = round(d[1], 4)
         out["target_ms_1"] = round(curve[1], 4)
         out["cost_ratio"] = d[1] / curve[1]
+        if draft_trimmed is not None:
+            tm = llama.Model(draft_trimmed, use_mmap=False)
+            try:
+                dt = measure_verify_curve(tm, sizes=(1,), n_threads=threads_draft or threads, n_threads_batch=threads_batch)
+            finally:
+                tm.close()
+            out["draft_trimmed_ms_1"] = round(dt[1], 4)
+            out["cost_ratio_trimmed"] = dt[1] / curve[1]
         out["recommended_draft_n_max"] = [
             {"acceptance": a, "n_max": k, "expected_speedup": round(s, 3)}
             for a in (0.6, 0.7, 0.8, 0.9)
@@ -177,6 +187,22 @@ def _text_divergence(ref_tokens: Sequence[int], text: str, vocab: llama.Vocab) -
     return len(pieces)  # pragma: no cover
 
 
+def _trimmed_draft_for(cfg: BenchConfig) -> str | None:
+    """The trimmed draft the ``default`` modes will load (llamaspec.models.trim; cached), or None."""
+    if not cfg.draft or cfg.n_gpu_layers:
+        return None
+    for m in cfg.modes:
+        if m.is_default and m.uses_draft:
+            spec = m.spec_params(cfg.spec)
+            keep, asked = spec.draft_vocab_keep()
+            if keep and spec.drafts_with_model():
+                from ..models.trim import draft_path
+
+                path, trimmed = draft_path(cfg.draft, keep, asked)
+                return str(path) if trimmed else None
+    return None
+
+
 def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
     """Run everything ``cfg`` asks for and return the report dictionary (JSON-serialisable)."""
     cfg.validate()
@@ -205,7 +231,8 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = _nop) -> dict:
                              f"prompt must fit -b {cfg.n_batch}; raise them or lower -n")
         if cfg.measure_costs:
             progress("phase", text="measuring verify-cost curve and draft/target cost")
-            costs = measure_costs(model, model_dft, threads, threads_batch=threads_batch, threads_draft=threads_draft)
+            costs = measure_costs(model, model_dft, threads, threads_batch=threads_batch, threads_draft=threads_draft,
+                                  draft_trimmed=_trimmed_draft_for(cfg))
 
         settings = RunSettings(cfg.n_ctx, cfg.n_batch, threads, cfg.flash_attn, cfg.seed, cfg.spec,
                                threads_batch=threads_batch, threads_draft=threads_draft, n_gpu_layers=cfg.n_gpu_layers,
@@ -385,8 +412,21 @@ def summarise(results: Sequence[RunResult], modes: Sequence[Mode], engines: Sequ
     # native-server without its own plain run (deduplicated) is compared with native's llama-server plain run
     have = {(r.engine, r.mode) for r in results}
     reference = {"native-server": "native"} if ("native-server", "plain") not in have else {}
-    rows = aggregate(labelled, cost_ratio=(costs or {}).get("cost_ratio"),
-                     verify_curve=(costs or {}).get("verify_curve_ms"), reference=reference)
+    model_kw = dict(cost_ratio=(costs or {}).get("cost_ratio"), cost_ratio_trimmed=(costs or {}).get("cost_ratio_trimmed"),
+                    verify_curve=(costs or {}).get("verify_curve_ms"), reference=reference)
+    rows = aggregate(labelled, **model_kw)
+    # the speedup model per prompt kind: measured a and k of that kind's runs, the same c and v curve
+    by_cat: dict[str, list[RunResult]] = defaultdict(list)
+    for r in labelled:
+        by_cat[r.category or "-"].append(r)
+    per_cat_model = []
+    for cat, rs in by_cat.items():
+        for row in aggregate(rs, **model_kw):
+            if row["mode"] != "plain" and row.get("speedup") is not None:
+                per_cat_model.append({"engine": row["engine"], "mode": row["mode"], "category": cat,
+                                      "speedup": row["speedup"], "per_token_acceptance": row["per_token_acceptance"],
+                                      "mean_draft_length": (row["spec"] or {}).get("mean_draft_length"),
+                                      "predicted_speedup": row["predicted_speedup"], "efficiency": row["efficiency"]})
     rows.sort(key=lambda r: (mode_order.get(r["mode"], 99), eng_order.get(r["engine"], 99)))
     cat_tps = per_group_tps(labelled, lambda r: (r.engine, r.mode, r.category))
     prompt_tps = per_group_tps(labelled, lambda r: (r.engine, r.mode, r.prompt_id))
@@ -394,6 +434,7 @@ def summarise(results: Sequence[RunResult], modes: Sequence[Mode], engines: Sequ
         "row_modes": row_modes,
         "rows": rows,
         "per_category": [{"engine": k[0], "mode": k[1], "category": k[2], "decode_tps_median": v} for k, v in cat_tps.items()],
+        "per_category_model": per_cat_model,
         "per_prompt": [{"engine": k[0], "mode": k[1], "prompt_id": k[2], "decode_tps_median": v} for k, v in prompt_tps.items()],
     }
 

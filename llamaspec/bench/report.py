@@ -162,6 +162,21 @@ def render_markdown(report: dict) -> str:
                 sorted(table.items(), key=lambda kv: _row_order(report, kv[0]))]
         out.append(_md_table(["engine / mode"] + cats, rows))
         out.append("")
+        model = [x for x in report.get("per_category_model", []) if x.get("predicted_speedup")]
+        if model:
+            out.append("## Speedup against the model by prompt category\n")
+            mt: dict[tuple[str, str], dict[str, dict]] = {}
+            for x in model:
+                mt.setdefault((x["engine"], x["mode"]), {})[x["category"]] = x
+            rows = [[f"{e} / {mo}"] + [(f"{f_num(v[c]['speedup'], 2, 'x')} / {f_num(v[c]['predicted_speedup'], 2, 'x')} "
+                                       f"(a {f_num(v[c]['per_token_acceptance'], 2)}, k {f_num(v[c]['mean_draft_length'], 1)})")
+                                      if c in v else "–" for c in cats]
+                    for (e, mo), v in sorted(mt.items(), key=lambda kv: _row_order(report, kv[0]))]
+            out.append(_md_table(["engine / mode"] + cats, rows))
+            out.append("\nachieved speedup over plain / the model's prediction (1 - a^(k+1)) / ((1 - a)(k c + v(k))) from that "
+                       "kind's measured per-token acceptance a and mean draft length k, the measured draft cost c (the "
+                       "trimmed draft's for default:TYPES) and verify cost v; `default` (auto) counts every draft as "
+                       "free (c = 0: n-gram and draft-model drafts are not split here), an upper bound.\n")
     # equality
     eq = report["equality"]
     out.append("## Token equality\n")

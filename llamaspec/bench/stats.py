@@ -231,10 +231,11 @@ def _repeat_throughput(runs: Iterable[RunResult]) -> dict[int, float]:
 
 
 def aggregate(results: Sequence[RunResult], *, cost_ratio: float | None = None, verify_curve: dict | None = None,
-              reference: dict[str, str] | None = None) -> list[dict]:
+              reference: dict[str, str] | None = None, cost_ratio_trimmed: float | None = None) -> list[dict]:
     """One row per (engine, mode): throughput summary, prompt time, acceptance, speedup, efficiency.
 
-    ``reference`` maps an engine to the engine whose plain run is its baseline (default: itself).
+    ``reference`` maps an engine to the engine whose plain run is its baseline (default: itself);
+    ``cost_ratio_trimmed`` is the draft cost of the ``default:...`` modes (the trimmed draft), when measured.
     """
     from ..probe import relative_verify_cost
 
@@ -283,6 +284,8 @@ def aggregate(results: Sequence[RunResult], *, cost_ratio: float | None = None, 
             k = spec["mean_draft_length"]
             a = per_token_acceptance(spec["mean_accepted_length"], k)
             c = 0.0 if not _uses_draft_model(mode) else cost_ratio
+            if c and mode.startswith("default:") and cost_ratio_trimmed is not None:
+                c = cost_ratio_trimmed
             row["per_token_acceptance"] = a
             if c is not None and verify_curve:
                 v = relative_verify_cost({int(x): float(y) for x, y in verify_curve.items()}, k + 1)
