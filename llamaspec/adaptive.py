@@ -160,6 +160,8 @@ class CostModel:
         self.alpha = alpha
         self.decode_ms: dict[int, float] = {}
         self.draft_ms_per_token: float | None = None
+        #: time of one batched draft step by the number of sequences drafting together
+        self.draft_step_ms: dict[int, float] = {}
         #: FULL / RS targets: time of a speculative checkpoint (state save) and of a restore (reload + trim)
         self.checkpoint_ms: float | None = None
         self.restore_ms: float | None = None
@@ -194,9 +196,30 @@ class CostModel:
     def add_decode(self, n_rows: int, ms: float) -> None:
         self.decode_ms[n_rows] = self._ema(self.decode_ms.get(n_rows), ms)
 
-    def add_draft(self, n_tokens: int, ms: float) -> None:
+    def add_draft(self, n_tokens: int, ms: float, n_seqs: int = 1, n_steps: int | None = None) -> None:
+        """``ms`` of drafting ``n_tokens`` for ``n_seqs`` sequences together in ``n_steps`` batched steps
+        (default: ``ceil(n_tokens / n_seqs)``)."""
         if n_tokens > 0:
             self.draft_ms_per_token = self._ema(self.draft_ms_per_token, ms / n_tokens)
+            steps = n_steps or -(-n_tokens // max(n_seqs, 1))
+            self.draft_step_ms[n_seqs] = self._ema(self.draft_step_ms.get(n_seqs), ms / max(steps, 1))
+
+    def base_ms(self) -> float | None:
+        """The time of a one-row target decode: measured, or, where only batches were decoded (several slots
+        always generating together never decode one row), the smallest measured batch scaled down by a
+        CPU-like cost curve (:func:`llamaspec.drafters.ngram_lookup.default_verify_cost`). None until any
+        decode was measured.
+
+        >>> m = CostModel(); m.add_decode(4, 14.0); m.base_ms()     # 4 rows cost 1.4 one-row decodes on that curve
+        10.0
+        """
+        base = self.decode_ms.get(1)
+        if base or not self.decode_ms:
+            return base or None
+        from .drafters.ngram_lookup import default_verify_cost
+
+        r = min(self.decode_ms)
+        return self.decode_ms[r] / default_verify_cost(r - 1)
 
     def verify_cost(self, k: int) -> float:
         """``v(k)``: the decode of ``k + 1`` rows relative to one row (1 + 0.05 k until measured).
@@ -204,24 +227,51 @@ class CostModel:
         >>> m = CostModel(); m.add_decode(1, 10.0); m.add_decode(5, 14.0)
         >>> m.verify_cost(0), m.verify_cost(4), round(m.verify_cost(2), 2)
         (1.0, 1.4, 1.2)
+        >>> m = CostModel(); m.add_decode(4, 14.0); m.add_decode(16, 22.0)   # no one-row decode (4 slots)
+        >>> m.verify_cost(0), m.verify_cost(3), m.verify_cost(15), round(m.verify_cost(9), 2)
+        (1.0, 1.4, 2.2, 1.8)
         """
-        base = self.decode_ms.get(1)
+        base = self.base_ms()
         if not base:
             return 1.0 + 0.05 * k
         rows = k + 1
-        if rows in self.decode_ms:
-            return self.decode_ms[rows] / base
-        known = sorted(self.decode_ms)
+        ms = {1: base, **self.decode_ms}
+        if rows in ms:
+            return ms[rows] / base
+        known = sorted(ms)
         lo = max((r for r in known if r < rows), default=1)
         hi = min((r for r in known if r > rows), default=None)
         if hi is None:  # beyond what was measured: extend the last slope (at least the per-row cost so far)
-            slope = (self.decode_ms[lo] - base) / max(lo - 1, 1) if lo > 1 else 0.05 * base
-            return (self.decode_ms[lo] + slope * (rows - lo)) / base
+            slope = (ms[lo] - base) / max(lo - 1, 1) if lo > 1 else 0.05 * base
+            return (ms[lo] + slope * (rows - lo)) / base
         t = (rows - lo) / (hi - lo)
-        return (self.decode_ms[lo] + t * (self.decode_ms[hi] - self.decode_ms[lo])) / base
+        return (ms[lo] + t * (ms[hi] - ms[lo])) / base
+
+    def draft_step_cost(self, n_seqs: int = 1) -> float:
+        """One batched draft step for ``n_seqs`` sequences, relative to a one-row target decode: measured
+        for that batch size, else the nearest measured one (or the per-token time, one sequence) scaled by
+        the target's cost curve, else the prior 0.3 one-row decodes scaled the same way (a batched step
+        costs about what a batched decode does, not ``n_seqs`` single steps).
+
+        >>> m = CostModel(); m.add_decode(1, 10.0); m.add_decode(4, 14.0)
+        >>> m.draft_step_cost(1), m.draft_step_cost(4)              # prior: 0.3 x v(rows - 1)
+        (0.3, 0.42)
+        >>> m.add_draft(8, 8.0, n_seqs=4, n_steps=2); m.draft_step_cost(4), round(m.draft_step_cost(1), 3)
+        (0.4, 0.286)
+        """
+        base = self.base_ms()
+        scale = self.verify_cost(max(n_seqs, 1) - 1)
+        if not base:
+            return 0.3 * scale
+        if n_seqs in self.draft_step_ms:
+            return self.draft_step_ms[n_seqs] / base
+        if self.draft_step_ms:
+            b0 = min(self.draft_step_ms, key=lambda b: (abs(b - n_seqs), b))
+            return self.draft_step_ms[b0] / base * scale / self.verify_cost(b0 - 1)
+        if self.draft_ms_per_token is not None:
+            return self.draft_ms_per_token / base * scale
+        return 0.3 * scale
 
     def draft_cost(self) -> float:
-        base = self.decode_ms.get(1)
-        if not base or self.draft_ms_per_token is None:
-            return 0.3
-        return self.draft_ms_per_token / base
+        """``c``: one draft step of one sequence (:meth:`draft_step_cost`)."""
+        return self.draft_step_cost(1)

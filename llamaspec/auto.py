@@ -135,7 +135,7 @@ class GatedDrafter(Drafter):
         """This round's draft length for ``seq_id`` (``dp.n_max`` unless adaptive)."""
         ctl = self.lengths[seq_id]
         cm = self.auto.cost
-        if ctl is None or not cm.decode_ms.get(1):
+        if ctl is None or not cm.base_ms():
             return dp.n_max
         cap = dp.n_max if dp.n_max > 0 else self.inner.n_max
         return ctl.choose(cm.verify_cost, cm.draft_cost_of(self.inner.stats), k_cap=cap)
@@ -191,7 +191,7 @@ class GatedDrafter(Drafter):
         if ctl is not None:
             ctl.update(k, n_accepted)
         cm = self.auto.cost
-        base = cm.decode_ms.get(1)
+        base = cm.base_ms()
         st = self.inner.stats
         c = cm.draft_cost_of(st) if base else 0.3
         p = (self.t_process_ms / base) if base else 0.0
@@ -249,12 +249,12 @@ class AutoCostModel(CostModel):
     """
 
     def verify_cost(self, k: int) -> float:
-        if len(self.decode_ms) < 2 or 1 not in self.decode_ms:
+        if len(self.decode_ms) < 2:
             return default_verify_cost(k)
         return super().verify_cost(k)
 
     def draft_cost_of(self, stats) -> float:
-        base = self.decode_ms.get(1)
+        base = self.base_ms()
         if not base or stats.n_gen_tokens <= 0:
             return 0.3
         return (stats.t_draft_us / 1e3 / stats.n_gen_tokens) / base
@@ -300,7 +300,7 @@ class AutoChain(Chain):
                 info.update(gated=d.n_gated, n_gate_off=d.n_gate_off,
                             last_gain=None if d.last_gain is None else round(d.last_gain, 3))
             out[d.type] = info
-        base = self.cost.decode_ms.get(1)
+        base = self.cost.base_ms()
         out["verify_cost"] = {str(k): round(self.cost.verify_cost(k), 3) for k in (1, 3, 7, 15)} if base else {}
         return out
 

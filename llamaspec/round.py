@@ -129,7 +129,7 @@ class SpeculativeRound:
 
         # one slot alone is the same choice as DraftLengthController.choose (rows = k + 1, one draft step each)
         k = best_shared_length(rates, [n for _, n in live], lambda rows: cost.verify_cost(rows - 1),
-                               cost.draft_cost() * len(live), overhead)
+                               cost.draft_step_cost(len(live)), overhead)
         chosen = {s.id: s.adaptive.explore(min(k, n), n) for s, n in live}
         for s, _ in live:
             if chosen[s.id] == 0:
@@ -180,8 +180,9 @@ class SpeculativeRound:
             t0 = time.perf_counter()
             chain.draft()
             if self.cost_model is not None:
-                n = sum(len(chain.dparams[s.seq_id].result) for s in requested)
-                self.cost_model.add_draft(n, (time.perf_counter() - t0) * 1e3)
+                lens = [len(chain.dparams[s.seq_id].result) for s in requested]
+                self.cost_model.add_draft(sum(lens), (time.perf_counter() - t0) * 1e3, n_seqs=len(requested),
+                                          n_steps=max(lens))
             return requested
         except Exception as e:  # noqa: BLE001 - find the slot it belongs to
             if len(requested) == 1:

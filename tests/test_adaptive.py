@@ -84,6 +84,23 @@ def test_parity_turns_adaptive_off(tiny_model):
         assert e.cost_model is None and not e.chain.impls[0].reuse_kv
 
 
+def test_cost_model_without_a_one_row_decode():
+    """Several slots generating together never decode one row: the one-row cost is estimated from the
+    smallest batch (before this, every cost fell back to its prior and a 4-slot engine stopped drafting), and
+    a batched draft step is priced by what was measured for that batch, not as n single steps."""
+    m = CostModel(alpha=1.0)
+    m.add_decode(4, 28.0)
+    m.add_decode(16, 44.0)
+    assert m.base_ms() == pytest.approx(20.0)            # 4 rows = 1.4 one-row decodes on the prior curve
+    assert m.verify_cost(3) == pytest.approx(1.4) and m.verify_cost(15) == pytest.approx(2.2)
+    assert m.draft_step_cost(4) == pytest.approx(0.3 * 1.4)
+    m.add_draft(12, 30.0, n_seqs=4, n_steps=3)
+    assert m.draft_step_cost(4) == pytest.approx(0.5) and m.draft_cost() == pytest.approx(0.5 / 1.4)
+    # 4 slots at acceptance 0.9: a shared length of 3 pays (before: step cost 4 x 0.3 and no drafting)
+    from llamaspec.adaptive import best_shared_length
+    assert best_shared_length([[0.9] * 3] * 4, [3] * 4, lambda rows: m.verify_cost(rows - 1), m.draft_step_cost(4)) == 3
+
+
 def _frozen_costs(cm: CostModel, checkpoint_decodes: float) -> None:
     """Costs as if measured: cheap drafts, flat verification, a checkpoint worth ``checkpoint_decodes``
     one-row decodes; ``alpha = 0`` keeps them through the run."""

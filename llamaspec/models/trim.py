@@ -47,7 +47,9 @@ SOURCE_SIZE_KEY = "llamaspec.vocab.source_size"
 DEFAULT_SLOTS = 2048
 SLOT_TEXT = b"<llamaspec_slot_%d>"
 #: bump when the bytes written or the choice of tokens change
-TRIM_FORMAT_VERSION = 2
+TRIM_FORMAT_VERSION = 3
+#: characters per piece of the corpus handed to the tokenizer (pieces end at line breaks)
+CORPUS_PIECE = 8192
 #: the default number of kept tokens
 DEFAULT_KEEP = 32768
 #: trim only when the draft's vocabulary is at least this many times K and its vocabulary rows
@@ -341,9 +343,29 @@ def _corpus_ids(path: Path) -> np.ndarray:
 
     m = llama.Model(path, vocab_only=True)
     try:
-        return np.array(m.vocab.tokenize(corpus_text(), add_special=False), dtype=np.int64)
+        # in pieces that end at a line break: a SentencePiece vocabulary has no pre-tokenizer, and one 1.3 MB
+        # text costs llama.cpp's tokenizer 8 s against 1.3 s in pieces (the same counts up to the seams)
+        out: list[int] = []
+        for piece in _line_pieces(corpus_text(), CORPUS_PIECE):
+            out.extend(m.vocab.tokenize(piece, add_special=False))
+        return np.array(out, dtype=np.int64)
     finally:
         m.close()
+
+
+def _line_pieces(text: str, size: int):
+    """``text`` in consecutive pieces of about ``size`` characters, each ending after a line break (or at
+    the end).
+
+    >>> list(_line_pieces("ab\ncd\nef", 1)), "".join(_line_pieces("x" * 10, 3))
+    (['ab\n', 'cd\n', 'ef'], 'xxxxxxxxxx')
+    """
+    i, n = 0, len(text)
+    while i < n:
+        j = text.find("\n", min(i + size, n - 1))
+        j = n if j < 0 else j + 1
+        yield text[i:j]
+        i = j
 
 
 def _cache_key(srcp: Path, keep: int) -> str:
