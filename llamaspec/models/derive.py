@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 from ..errors import FetchError
 from .cache import CHUNK, HashingWriter, ProgressFn, cache_output
-from .gguf_io import T_ARRAY, T_STRING, T_UINT32, KV, Layout, TensorInfo, check_written, open_gguf
+from .gguf_io import T_ARRAY, T_STRING, T_UINT32, KV, Layout, TensorInfo, check_written, open_gguf, write_header
 from .registry import DeriveSpec
 
 #: bump when the bytes a derivation writes change, so old cached derived files are redone
@@ -132,16 +132,7 @@ def _write(destp: Path, lay: Layout, buf: Any, keep: list[TensorInfo], out_types
     total_data = rel
 
     with cache_output(destp) as out:
-        out.write(b"GGUF" + struct.pack("<IQQ", 3, len(keep), len(kv_blobs)))
-        for b in kv_blobs + ti_blobs:
-            out.write(b)
-
-        def pad() -> None:
-            r = out.tell() % align
-            if r:
-                out.write(b"\0" * (align - r))
-
-        pad()
+        pad = write_header(out, len(keep), kv_blobs, ti_blobs, align)
         data_start = out.tell()
         if progress:
             progress(stage, 0, total_data)

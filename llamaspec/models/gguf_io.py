@@ -206,6 +206,22 @@ def check_gguf_file(path: str | os.PathLike[str]) -> None:
         pass
 
 
+def write_header(out: Any, n_tensors: int, kv_blobs: list[bytes], ti_blobs: list[bytes], align: int):
+    """Write a GGUF v3 header (metadata and tensor infos, already encoded) to ``out`` and pad to ``align``;
+    returns the padding function for the tensor data that follows (each tensor starts aligned)."""
+    out.write(b"GGUF" + struct.pack("<IQQ", 3, n_tensors, len(kv_blobs)))
+    for b in kv_blobs + ti_blobs:
+        out.write(b)
+
+    def pad() -> None:
+        r = out.tell() % align
+        if r:
+            out.write(b"\0" * (align - r))
+
+    pad()
+    return pad
+
+
 def check_written(out: Any, failure: str) -> None:
     """Flush ``out`` (a ``cache.HashingWriter``) and check the file it wrote: FetchError ``failure: why``
     unless it is a complete GGUF file."""

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import FetchError
 from .cache import CHUNK, ProgressFn, cache_dir, cache_output, locked
-from .gguf_io import T_ARRAY, T_STRING, T_UINT32, KV, Layout, TensorInfo, check_written, open_gguf
+from .gguf_io import T_ARRAY, T_STRING, T_UINT32, KV, Layout, TensorInfo, check_written, open_gguf, write_header
 
 log = logging.getLogger("llamaspec")
 
@@ -302,16 +302,7 @@ def trim_vocab_gguf(src: str | os.PathLike[str], dest: str | os.PathLike[str], k
             rel += (n_el * size // block + align - 1) // align * align
         total = rel
         with cache_output(destp) as out:
-            out.write(b"GGUF" + struct.pack("<IQQ", 3, len(plan), len(kv_blobs)))
-            for b in kv_blobs + ti_blobs:
-                out.write(b)
-
-            def pad() -> None:
-                r = out.tell() % align
-                if r:
-                    out.write(b"\0" * (align - r))
-
-            pad()
+            pad = write_header(out, len(plan), kv_blobs, ti_blobs, align)
             data_start = out.tell()
             for t, _ne, row in plan:
                 pad()
