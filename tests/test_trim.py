@@ -213,3 +213,15 @@ def test_cli_flag(tiny_model, tmp_path, monkeypatch):
     assert whole.exit_code == 0 and asked.exit_code == 0, asked.output
     assert whole.stdout == asked.stdout
     assert not (tmp_path / "trimmed").exists()
+
+
+def test_unwritable_cache_falls_back_or_says_what_to_do(tiny_model, tmp_path, monkeypatch):
+    """Trimming is a speed-up: a cache that cannot take the trimmed copy leaves the draft whole (a warning),
+    unless the size was asked for (one clear error)."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    src = tiny_model("llama-draft")
+    with pytest.raises(FetchError, match="--spec-draft-vocab 0"):
+        trim.draft_path(src, 40, asked=True, cache=blocker)
+    monkeypatch.setattr(trim, "trim_pays", lambda *a, **k: (True, "forced"))
+    assert trim.draft_path(src, 40, asked=False, cache=blocker) == (src, False)

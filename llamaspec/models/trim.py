@@ -410,7 +410,15 @@ def draft_path(path: str | os.PathLike[str], keep: int, asked: bool, progress: O
         (log.warning if asked else log.debug)("draft %s keeps its whole vocabulary: %s", p.name, why)
         return p, is_trimmed(p)
     log.info("draft %s: trimmed vocabulary, %s", p.name, why)
-    return trimmed_draft(p, keep, progress=progress, cache=cache), True
+    try:
+        return trimmed_draft(p, keep, progress=progress, cache=cache), True
+    except (OSError, FetchError) as e:  # a cache that cannot be written: trimming is only a speed-up
+        msg = f"could not write the trimmed copy of draft {p.name} into the model cache ({e})"
+        if asked:
+            raise FetchError(msg + "; free space or set LLAMASPEC_CACHE to a writable folder, or pass "
+                             "--spec-draft-vocab 0") from None
+        log.warning("%s; drafting with its whole vocabulary", msg)
+        return p, is_trimmed(p)
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m llamaspec.models.trim DRAFT [K]
