@@ -32,8 +32,9 @@ _OPTIONS = [
                       "costs, shorter when many slots draft together (--spec-draft-n-max is the ceiling, default "
                       "12; default: on, off with --spec-parity: llama.cpp's fixed length, default 3)."),
     click.option("--spec-parity", is_flag=True,
-                 help="Behave exactly like llama.cpp (parity runs): no draft-KV reuse. Greedy output is the same "
-                      "either way; drafts and statistics can differ at near-ties."),
+                 help="Behave exactly like llama.cpp (parity runs): its default drafter (none, or draft-simple with "
+                      "-md) instead of auto, a fixed draft length, the draft's whole vocabulary, no draft-KV reuse. "
+                      "Greedy output is the same either way; drafts and statistics can differ at near-ties."),
     click.option("--spec-synth-len", type=str, default=None, help="Synthetic acceptance: mean accepted length (benchmarks only)."),
     click.option("--spec-synth-rates", type=str, default=None, help="Synthetic acceptance: comma list of per-position rates (benchmarks only)."),
     click.option("--spec-replay-accept-corrected", is_flag=True,
