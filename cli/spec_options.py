@@ -141,16 +141,14 @@ def resolve_spec_models(model, pair, cache_dir, spec_kw: dict):
 def trimmed_draft_arg(dpath: str, spec, cache_dir: str | None) -> str:
     """The draft to load: its trimmed copy where ``spec`` asks for one (``--spec-draft-vocab``, by default
     where it pays), derived on first use with a progress bar and a one-line note."""
-    keep, asked = spec.draft_vocab_keep()
-    if not keep or not spec.drafts_with_model():
+    keep, asked = spec.draft_trim()
+    if not keep:
         return dpath
-    from llamaspec.models.trim import cached_trimmed, draft_path
+    from llamaspec.models.trim import cached_trimmed, draft_path, trim_pays
 
     from ._common import err_console, progress_bar
 
     if cached_trimmed(dpath, keep, cache_dir) is None:
-        from llamaspec.models.trim import trim_pays
-
         if trim_pays(dpath, keep, asked=asked)[0]:
             err_console.print(f"trimming the draft's vocabulary to {keep} tokens (once; --spec-draft-vocab 0 keeps it whole)")
     with progress_bar() as progress:

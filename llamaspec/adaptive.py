@@ -8,7 +8,7 @@ draft steps of relative cost ``c`` (both in units of one single-row target decod
 
 ``a_i`` is estimated per slot from the slot's own rounds (accepted / drafted at position ``i``, with a prior
 worth a few rounds so that a new request starts from the engine-wide rate); ``v`` and ``c`` are measured
-online by the engine (decode time per row count, draft time per drafted token). Everything here is pure.
+online by the engine (decode time per row count, draft time per batched step). Everything here is pure.
 
 >>> ctl = DraftLengthController(k_max=8, prior_rate=0.9)
 >>> ctl.choose(verify_cost=lambda k: 1.0 + 0.05 * k, draft_cost=0.3)   # good drafts: a long-ish draft
@@ -22,7 +22,27 @@ from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["DraftLengthController", "expected_tokens", "best_draft_length", "best_shared_length", "CostModel"]
+__all__ = ["DraftLengthController", "expected_tokens", "best_draft_length", "best_shared_length", "CostModel",
+           "default_verify_cost", "DRAFT_COST_PRIOR"]
+
+#: a draft step's cost relative to a one-row target decode before any was measured
+DRAFT_COST_PRIOR = 0.3
+
+
+def default_verify_cost(k: int) -> float:
+    """``v(k)``, the cost of verifying ``k + 1`` rows relative to one, before anything was measured: a
+    CPU-like curve (Gemma-3-270M on two cores: 1.28 at 2 rows, 1.4 at 4, 1.8 at 8, 2.2 at 16, 2.9 at 32).
+
+    >>> default_verify_cost(0), default_verify_cost(3), round(default_verify_cost(15), 2)
+    (1.0, 1.4, 2.2)
+    """
+    rows = k + 1
+    pts = ((1, 1.0), (2, 1.28), (4, 1.4), (8, 1.8), (16, 2.2), (32, 2.9), (64, 5.0))
+    for (r0, c0), (r1, c1) in zip(pts, pts[1:]):
+        if rows <= r1:
+            return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
+    r0, c0 = pts[-1]
+    return c0 + (rows - r0) * 0.07
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -153,13 +173,12 @@ class DraftLengthController:
 
 class CostModel:
     """Online costs in units of one single-row target decode: ``v(k)`` from decode times by row count
-    (exponential moving averages; unmeasured row counts interpolate linearly), ``c`` from draft time per
-    drafted token."""
+    (exponential moving averages; unmeasured row counts interpolate linearly), ``c`` from the time of a
+    batched draft step by the number of sequences drafting together."""
 
     def __init__(self, alpha: float = 0.2):
         self.alpha = alpha
         self.decode_ms: dict[int, float] = {}
-        self.draft_ms_per_token: float | None = None
         #: time of one batched draft step by the number of sequences drafting together
         self.draft_step_ms: dict[int, float] = {}
         #: FULL / RS targets: time of a speculative checkpoint (state save) and of a restore (reload + trim)
@@ -200,14 +219,13 @@ class CostModel:
         """``ms`` of drafting ``n_tokens`` for ``n_seqs`` sequences together in ``n_steps`` batched steps
         (default: ``ceil(n_tokens / n_seqs)``)."""
         if n_tokens > 0:
-            self.draft_ms_per_token = self._ema(self.draft_ms_per_token, ms / n_tokens)
             steps = n_steps or -(-n_tokens // max(n_seqs, 1))
             self.draft_step_ms[n_seqs] = self._ema(self.draft_step_ms.get(n_seqs), ms / max(steps, 1))
 
     def base_ms(self) -> float | None:
         """The time of a one-row target decode: measured, or, where only batches were decoded (several slots
         always generating together never decode one row), the smallest measured batch scaled down by a
-        CPU-like cost curve (:func:`llamaspec.drafters.ngram_lookup.default_verify_cost`). None until any
+        CPU-like cost curve (:func:`default_verify_cost`). None until any
         decode was measured.
 
         >>> m = CostModel(); m.add_decode(4, 14.0); m.base_ms()     # 4 rows cost 1.4 one-row decodes on that curve
@@ -216,8 +234,6 @@ class CostModel:
         base = self.decode_ms.get(1)
         if base or not self.decode_ms:
             return base or None
-        from .drafters.ngram_lookup import default_verify_cost
-
         r = min(self.decode_ms)
         return self.decode_ms[r] / default_verify_cost(r - 1)
 
@@ -249,8 +265,8 @@ class CostModel:
 
     def draft_step_cost(self, n_seqs: int = 1) -> float:
         """One batched draft step for ``n_seqs`` sequences, relative to a one-row target decode: measured
-        for that batch size, else the nearest measured one (or the per-token time, one sequence) scaled by
-        the target's cost curve, else the prior 0.3 one-row decodes scaled the same way (a batched step
+        for that batch size, else the nearest measured one scaled by the target's cost curve, else
+        ``DRAFT_COST_PRIOR`` one-row decodes scaled the same way (a batched step
         costs about what a batched decode does, not ``n_seqs`` single steps).
 
         >>> m = CostModel(); m.add_decode(1, 10.0); m.add_decode(4, 14.0)
@@ -261,16 +277,12 @@ class CostModel:
         """
         base = self.base_ms()
         scale = self.verify_cost(max(n_seqs, 1) - 1)
-        if not base:
-            return 0.3 * scale
+        if not base or not self.draft_step_ms:
+            return DRAFT_COST_PRIOR * scale
         if n_seqs in self.draft_step_ms:
             return self.draft_step_ms[n_seqs] / base
-        if self.draft_step_ms:
-            b0 = min(self.draft_step_ms, key=lambda b: (abs(b - n_seqs), b))
-            return self.draft_step_ms[b0] / base * scale / self.verify_cost(b0 - 1)
-        if self.draft_ms_per_token is not None:
-            return self.draft_ms_per_token / base * scale
-        return 0.3 * scale
+        b0 = min(self.draft_step_ms, key=lambda b: (abs(b - n_seqs), b))
+        return self.draft_step_ms[b0] / base * scale / self.verify_cost(b0 - 1)
 
     def draft_cost(self) -> float:
         """``c``: one draft step of one sequence (:meth:`draft_step_cost`)."""

@@ -36,10 +36,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from .adaptive import CostModel, DraftLengthController
+from .adaptive import DRAFT_COST_PRIOR, CostModel, DraftLengthController, default_verify_cost
 from .chain import Chain
 from .drafters.base import DraftParams, Drafter
-from .drafters.ngram_lookup import default_verify_cost
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import _llama as llama
@@ -193,11 +192,12 @@ class GatedDrafter(Drafter):
         cm = self.auto.cost
         base = cm.base_ms()
         st = self.inner.stats
-        c = cm.draft_cost_of(st) if base else 0.3
+        c = cm.draft_cost_of(st)
         p = (self.t_process_ms / base) if base else 0.0
+        cost = cm.verify_cost(k) + k * c + p
         g = self.gates[seq_id]
-        g.record(1.0 + n_accepted, cm.verify_cost(k) + k * c + p, self.auto.gate.decay)
-        self.overall.record(1.0 + n_accepted, cm.verify_cost(k) + k * c + p, OVERALL_DECAY)
+        g.record(1.0 + n_accepted, cost, self.auto.gate.decay)
+        self.overall.record(1.0 + n_accepted, cost, OVERALL_DECAY)
         self.last_gain = g.gain()
         if g.should_stop(self.auto.gate.min_rounds, self.auto.gate.margin):
             g.off = g.backoff
@@ -256,7 +256,7 @@ class AutoCostModel(CostModel):
     def draft_cost_of(self, stats) -> float:
         base = self.base_ms()
         if not base or stats.n_gen_tokens <= 0:
-            return 0.3
+            return DRAFT_COST_PRIOR
         return (stats.t_draft_us / 1e3 / stats.n_gen_tokens) / base
 
 

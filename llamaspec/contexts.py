@@ -162,6 +162,7 @@ def build_parts(
         elif speculating and draft is not None:
             keep, asked = spec.draft_vocab_keep()
             trimmed = False
+            # also with keep 0: a draft given as an already trimmed file still needs its run-time rows
             if not isinstance(draft, llama.Model) and spec.drafts_with_model():
                 from .models.trim import draft_path
 

@@ -240,6 +240,11 @@ class SpecParams:
             return (0 if self.parity else TRIM_KEEP), False
         return self.draft.vocab, True
 
+    def draft_trim(self) -> tuple[int, bool]:
+        """:meth:`draft_vocab_keep` where a draft model runs as draft-simple (:meth:`drafts_with_model`), else
+        ``(0, False)``: the tokens a trimmed draft keeps, and whether that was asked for."""
+        return self.draft_vocab_keep() if self.drafts_with_model() else (0, False)
+
     def drafts_with_model(self) -> bool:
         """Whether a draft model would run as draft-simple (alone or inside ``auto``): the drafter a trimmed
         vocabulary applies to."""

@@ -106,7 +106,7 @@ def _frozen_costs(cm: CostModel, checkpoint_decodes: float) -> None:
     one-row decodes; ``alpha = 0`` keeps them through the run."""
     cm.alpha = 0.0
     cm.decode_ms = {1: 10.0, 2: 10.2, 3: 10.4, 5: 10.8, 9: 11.6}
-    cm.draft_ms_per_token = 0.1
+    cm.draft_step_ms = {1: 0.1}
     cm.checkpoint_ms = cm.restore_ms = 10.0 * checkpoint_decodes
 
 

@@ -193,9 +193,8 @@ def _trimmed_draft_for(cfg: BenchConfig) -> str | None:
         return None
     for m in cfg.modes:
         if m.is_default and m.uses_draft:
-            spec = m.spec_params(cfg.spec)
-            keep, asked = spec.draft_vocab_keep()
-            if keep and spec.drafts_with_model():
+            keep, asked = m.spec_params(cfg.spec).draft_trim()
+            if keep:
                 from ..models.trim import draft_path
 
                 path, trimmed = draft_path(cfg.draft, keep, asked)

@@ -123,7 +123,7 @@ class LlamaspecRunner(Runner):
         target = self.model.path if "draft-mtp" in mode.types else self.model
         spec = mode.spec_params(self.s.spec)
         draft = self.model_dft if mode.uses_draft else None
-        if draft is not None and spec.draft_vocab_keep()[0] and spec.drafts_with_model():
+        if draft is not None and spec.draft_trim()[0]:
             draft = draft.path  # the engine loads the trimmed copy of the draft (a loaded model is used as is)
         self.engines[mode.name] = Engine(
             target, draft=draft, spec=spec,

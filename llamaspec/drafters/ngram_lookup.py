@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..adaptive import default_verify_cost
 from ..params import NgramLookupParams
 from .base import DraftParams, Drafter
 
@@ -65,22 +66,6 @@ def _bucket(m: int) -> int:
         if m <= b:
             return i
     return len(BUCKETS) - 1
-
-
-def default_verify_cost(k: int) -> float:
-    """``v(k)``, the cost of verifying ``k + 1`` rows relative to one, before anything was measured: a
-    CPU-like curve (Gemma-3-270M on two cores: 1.28 at 2 rows, 1.4 at 4, 1.8 at 8, 2.2 at 16, 2.9 at 32).
-
-    >>> default_verify_cost(0), default_verify_cost(3), round(default_verify_cost(15), 2)
-    (1.0, 1.4, 2.2)
-    """
-    rows = k + 1
-    pts = ((1, 1.0), (2, 1.28), (4, 1.4), (8, 1.8), (16, 2.2), (32, 2.9), (64, 5.0))
-    for (r0, c0), (r1, c1) in zip(pts, pts[1:]):
-        if rows <= r1:
-            return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
-    r0, c0 = pts[-1]
-    return c0 + (rows - r0) * 0.07
 
 
 def expected_len(p1: float, q: float, k: int) -> float:
