@@ -27,7 +27,8 @@ from .drafters.base import Drafter
 from ._llama.model import _is_int, check_offload
 from .errors import UsageError
 from .params import SpecParams, SpecType
-from .probe import Level, can_seq_rm
+from .level import Level
+from .probe import can_seq_rm
 from .synth import conditional_probs, resolve_synth_rates
 
 log = logging.getLogger("llamaspec")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from . import _llama as llama
 from .errors import MemoryOpError
-from .probe import Level
+from .level import Level
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sampler import TargetSampler
@@ -77,6 +77,31 @@ class PromptCheckpoint:
     data_tgt: bytes = b""
     data_dft: bytes = b""
     data_spec: bytes | None = None
+
+
+class SeqMemory:
+    """Checked memory operations on one context, for the drafters that keep rows of their own in the draft
+    context (draft-simple with ``reuse_kv``, EAGLE-3, MTP): the only way a drafter reaches memory. A refused
+    trim raises :class:`MemoryOpError` (design.md, "never ignore a bool"); a shared memory whose ``seq_rm`` is a
+    no-op that returns true (spec §6.2) passes."""
+
+    def __init__(self, ctx: "llama.Context"):
+        self.ctx = ctx
+
+    def pos_min(self, seq_id: int) -> int:
+        return self.ctx.memory.pos_min(seq_id)
+
+    def pos_max(self, seq_id: int) -> int:
+        return self.ctx.memory.pos_max(seq_id)
+
+    def trim(self, seq_id: int, pos: int) -> bool:
+        """Drop positions ``>= pos`` of ``seq_id``; returns whether anything was there to drop."""
+        memory = self.ctx.memory
+        had = memory.pos_max(seq_id) >= pos
+        if not memory.seq_rm(seq_id, pos, -1):
+            raise MemoryOpError(f"seq_rm(seq={seq_id}, p0={pos}) was refused by the draft context's memory; the "
+                                "drafter's own rows cannot be dropped (a bug: please report it)")
+        return had
 
 
 class Rollback:

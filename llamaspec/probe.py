@@ -1,17 +1,11 @@
 """Capability probe: the memory level of a context (spec §6.1) and a "will speculation pay off" report.
 
-Levels (numeric values as llama.cpp's ``common_context_seq_rm_type``):
-
-* ``NO``   – the context has no memory (encoders); no speculation possible.
-* ``PART`` – ``seq_rm`` can drop a tail of positions (KV caches, SWA): rejected drafts are trimmed.
-* ``FULL`` – only whole sequences can be removed (recurrent / hybrid state): checkpoint + restore + replay.
-* ``RS``   – recurrent state with ``n_rs_seq`` snapshots: bounded trim of up to ``n_rs_seq`` tokens.
+The levels themselves (:class:`~llamaspec.level.Level`) are defined in :mod:`llamaspec.level`.
 
 :func:`can_seq_rm` **wipes the context's memory**; run it on a scratch context before real work.
 """
 from __future__ import annotations
 
-import enum
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,22 +14,13 @@ from typing import Sequence
 
 from . import _llama as llama
 from .errors import DecodeError, UsageError
+from .level import Level
 from .vocab import check_vocab_compat, is_compatible
 
 SCHEMA_VERSION = 1
 DEFAULT_RS_PROBE = 8  # n_rs_seq requested when asking "is RS available?"
 ACCEPTANCE_RATES = (0.5, 0.6, 0.7, 0.8, 0.9)
 VERIFY_SIZES = (1, 2, 4, 8, 16)
-
-
-class Level(enum.IntEnum):
-    NO = 0
-    PART = 1
-    FULL = 2
-    RS = 3
-
-    def __str__(self) -> str:
-        return self.name
 
 
 def can_seq_rm(ctx: llama.Context) -> Level:

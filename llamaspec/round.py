@@ -19,7 +19,7 @@ from typing import Iterator
 from . import _llama as llama
 from .adaptive import best_shared_length
 from .errors import LlamaSpecError, MemoryOpError
-from .probe import Level
+from .level import Level
 from .request import RequestState
 from .slot import Chunk, FinishReason, Slot, SlotState
 

@@ -8,7 +8,8 @@ from click.testing import CliRunner
 
 from cli.main import main
 from llamaspec import _llama as L
-from llamaspec.probe import Level, can_seq_rm, probe, probe_levels
+from llamaspec.level import Level
+from llamaspec.probe import can_seq_rm, probe, probe_levels
 
 from helpers import real_model
 

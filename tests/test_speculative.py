@@ -287,7 +287,7 @@ def test_no_memory_turns_speculation_off(tiny_model, monkeypatch, caplog):
     import logging
 
     import llamaspec.contexts as E
-    from llamaspec.probe import Level
+    from llamaspec.level import Level
 
     monkeypatch.setattr(E, "can_seq_rm", lambda ctx: Level.NO)
     with caplog.at_level(logging.WARNING, logger="llamaspec"):
