@@ -16,6 +16,11 @@ _LAZY = {
     "SamplingParams": ("llamaspec._llama", "SamplingParams"),
     "SpecParams": ("llamaspec.params", "SpecParams"),
     "Model": ("llamaspec._llama", "Model"),
+    "DEFAULT_SEED": ("llamaspec._llama", "DEFAULT_SEED"),
+    # what the command line (llamaspec.cli) checks and writes before and after a run
+    "check_device_params": ("llamaspec.contexts", "check_device_params"),
+    "parse_rpc_servers": ("llamaspec._llama.rpc", "parse_servers"),
+    "write_atomic": ("llamaspec._io", "write_atomic"),
 }
 
 
@@ -29,4 +34,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'llamaspec' has no attribute {name!r}")
 
 
-__all__ = ["Engine", "GenerationResult", "LlamaSpecError", "Model", "SamplingParams", "SpecParams", "__version__"]
+__all__ = ["DEFAULT_SEED", "Engine", "GenerationResult", "LlamaSpecError", "Model", "SamplingParams", "SpecParams",
+           "__version__", "check_device_params", "parse_rpc_servers", "write_atomic"]

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Sequence
 from .adaptive import DRAFT_COST_PRIOR, CostModel, DraftLengthController, default_verify_cost
 from .chain import Chain
 from .drafters.base import DraftParams, Drafter
+from .drafters.ngram_lookup import NgramLookup
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import _llama as llama
-    from .params import SpecParams
 
 log = logging.getLogger("llamaspec")
 
@@ -97,16 +97,20 @@ class SlotGate:
 class GatedDrafter(Drafter):
     """A drafter (the draft model) behind the auto gate: for a slot that is switched off it is not asked to
     draft (the chain then sees no draft from it); everything else goes straight to it. ``type``, ``stats``,
-    ``n_max`` and ``reuse_kv`` are the inner drafter's, so the statistics keep llama.cpp's names."""
+    ``n_max`` and ``reuse_kv`` are the inner drafter's, so the statistics keep llama.cpp's names.
 
-    def __init__(self, inner: Drafter, auto: "AutoChain"):
+    ``cost`` is the auto chain's cost model (it prices the rounds), ``gate`` its gate settings; ``adaptive``:
+    each slot's draft length is chosen by a :class:`~llamaspec.adaptive.DraftLengthController`."""
+
+    def __init__(self, inner: Drafter, cost: "AutoCostModel", gate: GateParams, *, adaptive: bool = False):
         self.inner = inner
-        self.auto = auto
+        self.cost = cost
+        self.gate = gate
         self.n_seq = inner.n_seq
         self.stats = inner.stats
-        self.gates = [SlotGate(auto.gate.backoff) for _ in range(inner.n_seq)]
+        self.gates = [SlotGate(gate.backoff) for _ in range(inner.n_seq)]
         #: every slot's rounds together (a slower decay): the drafter's gain before a slot has measured its own
-        self.overall = SlotGate(auto.gate.backoff)
+        self.overall = SlotGate(gate.backoff)
         self._k = [0] * inner.n_seq  # length of this round's draft per slot (0 = none)
         self.t_process_ms = 0.0  # decaying mean of process() per call
         self.n_gate_off = 0
@@ -114,17 +118,36 @@ class GatedDrafter(Drafter):
         self.last_gain: float | None = None
         #: per slot, the draft length that pays best now (llamaspec.adaptive; None = the fixed n_max)
         self.lengths: list[DraftLengthController | None] = [None] * inner.n_seq
-        self.adaptive = False
+        self.adaptive = adaptive
 
-    type = property(lambda self: self.inner.type)
-    n_max = property(lambda self: self.inner.n_max, lambda self, v: setattr(self.inner, "n_max", v))
-    reuse_kv = property(lambda self: self.inner.reuse_kv, lambda self, v: setattr(self.inner, "reuse_kv", v))
+    @property
+    def type(self) -> str:
+        """The inner drafter's type name."""
+        return self.inner.type
+
+    @property
+    def n_max(self) -> int:
+        """The inner drafter's maximum draft length."""
+        return self.inner.n_max
+
+    @n_max.setter
+    def n_max(self, value: int) -> None:
+        self.inner.n_max = value
+
+    @property
+    def reuse_kv(self) -> bool:
+        """The inner drafter's ``reuse_kv`` (the engine turns it off where the draft memory cannot trim)."""
+        return self.inner.reuse_kv
+
+    @reuse_kv.setter
+    def reuse_kv(self, value: bool) -> None:
+        self.inner.reuse_kv = value
 
     def begin(self, seq_id, prompt):
         """A new request in the slot: a new text, so the drafter gets a fresh chance there."""
         self.inner.begin(seq_id, prompt)
         self._k[seq_id] = 0
-        self.gates[seq_id] = SlotGate(self.auto.gate.backoff)
+        self.gates[seq_id] = SlotGate(self.gate.backoff)
         if self.adaptive:  # a new request starts from the drafter's acceptance so far
             st = self.inner.stats
             prior = st.n_acc_tokens / st.n_gen_tokens if st.n_gen_tokens >= 32 else 0.7
@@ -133,7 +156,7 @@ class GatedDrafter(Drafter):
     def _length(self, seq_id: int, dp: DraftParams) -> int:
         """This round's draft length for ``seq_id`` (``dp.n_max`` unless adaptive)."""
         ctl = self.lengths[seq_id]
-        cm = self.auto.cost
+        cm = self.cost
         if ctl is None or not cm.base_ms():
             return dp.n_max
         cap = dp.n_max if dp.n_max > 0 else self.inner.n_max
@@ -189,23 +212,23 @@ class GatedDrafter(Drafter):
         ctl = self.lengths[seq_id]
         if ctl is not None:
             ctl.update(k, n_accepted)
-        cm = self.auto.cost
+        cm = self.cost
         base = cm.base_ms()
         st = self.inner.stats
         c = cm.draft_cost_of(st)
         p = (self.t_process_ms / base) if base else 0.0
         cost = cm.verify_cost(k) + k * c + p
         g = self.gates[seq_id]
-        g.record(1.0 + n_accepted, cost, self.auto.gate.decay)
+        g.record(1.0 + n_accepted, cost, self.gate.decay)
         self.overall.record(1.0 + n_accepted, cost, OVERALL_DECAY)
         self.last_gain = g.gain()
-        if g.should_stop(self.auto.gate.min_rounds, self.auto.gate.margin):
+        if g.should_stop(self.gate.min_rounds, self.gate.margin):
             g.off = g.backoff
-            g.backoff = min(g.backoff * 2, self.auto.gate.backoff_max)
+            g.backoff = min(g.backoff * 2, self.gate.backoff_max)
             self.n_gate_off += 1
             log.debug("auto: %s off for slot %d for %d rounds (measured gain %.2fx)", self.type, seq_id, g.off, g.gain())
-        elif g.n >= self.auto.gate.min_rounds:
-            g.backoff = self.auto.gate.backoff
+        elif g.n >= self.gate.min_rounds:
+            g.backoff = self.gate.backoff
 
     def expected_gain(self, seq_id: int) -> float:
         """The gain this drafter is expected to give ``seq_id`` now (tokens per unit cost; 1 = a plain
@@ -214,9 +237,9 @@ class GatedDrafter(Drafter):
         g = self.gates[seq_id]
         if g.off > 0:
             return 1.0
-        if g.n >= self.auto.gate.min_rounds:
+        if g.n >= self.gate.min_rounds:
             return max(1.0, g.gain())
-        if self.overall.n >= self.auto.gate.min_rounds:
+        if self.overall.n >= self.gate.min_rounds:
             return max(1.0, self.overall.gain())
         return 1.0
 
@@ -261,18 +284,29 @@ class AutoCostModel(CostModel):
 
 
 class AutoChain(Chain):
-    """The chain of ``--spec-type auto`` (module docstring): measures ``v(k)`` itself (the time from the end
-    of ``draft`` to the ``process`` of the verification decode, by row count) and reports the gating."""
+    """The chain of ``--spec-type auto`` (module docstring): ``ngram`` first, then ``draft`` (the draft model,
+    or None) behind the gate (:attr:`gated`). It measures ``v(k)`` itself (the time from the end of ``draft``
+    to the ``process`` of the verification decode, by row count), hands that cost model to both, and reports
+    the gating.
 
-    def __init__(self, impls: Sequence[Drafter], n_seq: int, gate: GateParams | None = None):
-        super().__init__(impls, n_seq)
+    With a draft model, the n-gram draft must beat the draft model's expected gain on the slot
+    (``NgramLookup.gain_floor``), and a slot's first n-gram drafts are at most ``AUTO_NGRAM_K_START`` tokens
+    unless ``ngram`` has its own ``k_start``."""
+
+    def __init__(self, ngram: NgramLookup, draft: Drafter | None, n_seq: int, *, adaptive: bool = False,
+                 gate: GateParams | None = None):
         self.gate = gate or GateParams()
         self.cost = AutoCostModel()
+        self.ngram = ngram
+        #: the draft model behind the gate (None without a draft model)
+        self.gated = GatedDrafter(draft, self.cost, self.gate, adaptive=adaptive) if draft is not None else None
+        super().__init__([ngram] if self.gated is None else [ngram, self.gated], n_seq)
         self._t_mark: float | None = None
-        for d in self.impls:
-            use = getattr(d, "use_cost_model", None)
-            if use is not None:
-                use(self.cost)
+        ngram.use_cost_model(self.cost)
+        if self.gated is not None:
+            ngram.gain_floor = self.gated.expected_gain  # the n-gram draft must beat the draft model where it pays
+            if ngram.params.k_start == 0:
+                ngram.set_k_start(AUTO_NGRAM_K_START)
 
     def draft(self, params: Sequence[DraftParams] | None = None) -> None:
         super().draft(params)
@@ -292,10 +326,9 @@ class AutoChain(Chain):
         out: dict = {}
         for d in self.impls:
             info: dict = {}
-            skips = getattr(d, "skips", None)
-            if skips is not None:
-                info.update(skips)
-                info["n_explore"] = getattr(d, "n_explore", 0)
+            if isinstance(d, NgramLookup):
+                info.update(d.skips)
+                info["n_explore"] = d.n_explore
             if isinstance(d, GatedDrafter):
                 info.update(gated=d.n_gated, n_gate_off=d.n_gate_off,
                             last_gain=None if d.last_gain is None else round(d.last_gain, 3))
@@ -319,28 +352,7 @@ class AutoChain(Chain):
         return super().stats_lines() + ["auto: " + "; ".join(parts)]
 
 
-def build_auto_chain(params: "SpecParams", n_seq: int, ctx_tgt, ctx_dft) -> AutoChain:
-    """ngram-lookup, then the draft model behind the gate when there is a draft context."""
-    from .chain import FACTORIES
-    from .params import SpecType
-
-    impls: list[Drafter] = []
-    try:
-        impls.append(FACTORIES[SpecType.NGRAM_LOOKUP](params, n_seq, ctx_tgt, ctx_dft))
-        chain = AutoChain(impls, n_seq)
-        if ctx_dft is not None:
-            inner = FACTORIES[SpecType.DRAFT_SIMPLE](params, n_seq, ctx_tgt, ctx_dft)
-            impls.append(inner)
-            gated = GatedDrafter(inner, chain)
-            gated.adaptive = params.draft_adaptive_on()
-            chain.impls.append(gated)
-            ngram = chain.impls[0]
-
-            ngram.gain_floor = gated.expected_gain  # the n-gram draft must beat the draft model where it pays
-            if ngram.params.k_start == 0:
-                ngram.set_k_start(AUTO_NGRAM_K_START)
-    except BaseException:
-        for d in impls:
-            d.close()
-        raise
-    return chain
+def build_auto_chain(ngram: NgramLookup, draft: Drafter | None, n_seq: int, *, adaptive: bool = False) -> AutoChain:
+    """The chain of ``auto`` from its drafters (built by :mod:`llamaspec.drafters.registry`): ngram-lookup,
+    then the draft model behind the gate when there is one (``adaptive``: its length chosen per slot)."""
+    return AutoChain(ngram, draft, n_seq, adaptive=adaptive)

@@ -4,16 +4,16 @@ Drafters run in priority order (spec §3.1). ``draft()`` relays the ``drafting``
 returns a non-empty draft for a sequence wins it for this round; lower-priority drafters are not asked for
 that sequence. ``accept()`` credits the drafter that produced the sequence's last draft (``impl_last``) and
 tells every other drafter with ``is_other=True``.
+
+This module is the relay only; the drafters are built by :mod:`llamaspec.drafters.registry`.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .drafters.base import DraftParams, Drafter
 from .errors import UsageError
-from .params import SpecParams, SpecType
 from .stats import Timer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,6 +106,27 @@ class Chain:
             if d is not impl:
                 d.accept(seq_id, n_accepted, True)
 
+    # -- the round's requests (the round never writes the per-sequence DraftParams itself) ------------
+    def request_draft(self, seq_id: int, n_max: int, pos0: int, id_last: int, prompt: Sequence[int],
+                      n_min: int | None = None, p_min: float | None = None) -> None:
+        """Ask for a draft of at most ``n_max`` tokens for ``seq_id`` at the next :meth:`draft`: ``prompt``
+        holds the ``pos0`` committed tokens, ``id_last`` the sampled token not yet decoded; ``n_min`` /
+        ``p_min`` are a request's own settings (None: the drafter's)."""
+        dp = self.dparams[seq_id]
+        dp.drafting, dp.n_max, dp.pos0, dp.id_last = True, n_max, pos0, id_last
+        dp.prompt, dp.result, dp.probs = tuple(prompt), [], None
+        dp.n_min, dp.p_min = n_min, p_min
+
+    def stop_drafting(self, seq_id: int) -> None:
+        """``seq_id`` takes no part in the next :meth:`draft`."""
+        self.dparams[seq_id].drafting = False
+
+    def reset_drafters(self, seq_id: int) -> None:
+        """Every drafter forgets what it cached for ``seq_id`` (a failed decode is redone); the sequence's
+        draft request and ``impl_last`` stay."""
+        for d in self.impls:
+            d.reset(seq_id)
+
     def configure_sampling(self, seq_id: int, temp: float, seed: int) -> None:
         for d in self.impls:
             d.configure_sampling(seq_id, temp, seed)
@@ -140,125 +161,3 @@ class Chain:
         for d in self.impls:
             d.close()
 
-
-# ---------------------------------------------------------------------------------------------------
-# construction
-# ---------------------------------------------------------------------------------------------------
-
-Factory = Callable[[SpecParams, int, "llama.Context", "llama.Context | None"], Drafter]
-
-
-def _ngram_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .drafters.ngram_simple import NgramSimple
-
-    return NgramSimple(n_seq, p.ngram_simple, fix_quirks=p.ngram_fix_quirks)
-
-
-def _ngram_map_k(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .drafters.ngram_map import NgramMapK
-
-    return NgramMapK(n_seq, p.ngram_map_k, fix_quirks=p.ngram_fix_quirks)
-
-
-def _ngram_map_k4v(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .drafters.ngram_map import NgramMapK4V
-
-    return NgramMapK4V(n_seq, p.ngram_map_k4v, fix_quirks=p.ngram_fix_quirks)
-
-
-def _ngram_mod(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .drafters.ngram_mod import NgramMod
-
-    return NgramMod(n_seq, p.ngram_mod, fix_quirks=p.ngram_fix_quirks)
-
-
-def _ngram_cache(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .drafters.ngram_cache import NgramCache
-
-    return NgramCache(n_seq, p.ngram_cache, fix_quirks=p.ngram_fix_quirks)
-
-
-def _draft_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .drafters.draft_model import DraftSimple
-
-    if ctx_dft is None:
-        raise UsageError("draft-simple needs a draft model: pass --draft-model (-md) NAME|PATH")
-    return DraftSimple(n_seq, dataclasses.replace(p.draft, reuse_kv=p.draft_reuse_kv()), ctx_tgt, ctx_dft)
-
-
-def _draft_mtp(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from . import _llama as llama
-    from .drafters.mtp import DraftMTP
-
-    if ctx_dft is None or ctx_dft.params.ctx_type != llama.CONTEXT_TYPE_MTP:
-        raise UsageError("draft-mtp needs an MTP context on the target (a model with nextn layers, loaded with "
-                         "load_mtp) or on an MTP GGUF given with --draft-model (-md)")
-    return DraftMTP(n_seq, p.draft, ctx_tgt, ctx_dft)
-
-
-def _head_ctx(name: str, ctx_dft):
-    if ctx_dft is None:
-        raise UsageError(f"{name} needs its head GGUF as the draft model: pass --draft-model (-md) PATH")
-    return ctx_dft
-
-
-def _draft_eagle3(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .drafters.eagle3 import Eagle3
-
-    return Eagle3(n_seq, p.draft, ctx_tgt, _head_ctx("draft-eagle3", ctx_dft))
-
-
-def _draft_dflash(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .drafters.dflash import DFlash
-
-    return DFlash(n_seq, p.draft, ctx_tgt, _head_ctx("draft-dflash", ctx_dft))
-
-
-def _draft_dspark(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .drafters.dflash import DFlash
-
-    return DFlash(n_seq, p.draft, ctx_tgt, _head_ctx("draft-dspark", ctx_dft), dspark=True)
-
-
-def _ngram_lookup(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .drafters.ngram_lookup import NgramLookup
-
-    return NgramLookup(n_seq, p.ngram_lookup)
-
-
-FACTORIES: dict[SpecType, Factory] = {
-    SpecType.NGRAM_LOOKUP: _ngram_lookup,
-    SpecType.NGRAM_SIMPLE: _ngram_simple,
-    SpecType.NGRAM_MAP_K: _ngram_map_k,
-    SpecType.NGRAM_MAP_K4V: _ngram_map_k4v,
-    SpecType.NGRAM_MOD: _ngram_mod,
-    SpecType.NGRAM_CACHE: _ngram_cache,
-    SpecType.DRAFT_SIMPLE: _draft_simple,
-    SpecType.DRAFT_MTP: _draft_mtp,
-    SpecType.DRAFT_EAGLE3: _draft_eagle3,
-    SpecType.DRAFT_DFLASH: _draft_dflash,
-    SpecType.DRAFT_DSPARK: _draft_dspark,
-}
-
-
-def build_chain(params: SpecParams, n_seq: int, ctx_tgt: "llama.Context", ctx_dft: "llama.Context | None") -> Chain | None:
-    """Instantiate the enabled drafters in priority order; ``None`` when nothing is enabled.
-
-    Any constructor error aborts the whole chain (as in llama.cpp), with the drafter's own message.
-    """
-    if params.is_auto:  # beyond llama.cpp: the drafters that pay, per slot (llamaspec.auto)
-        from .auto import build_auto_chain
-
-        return build_auto_chain(params, n_seq, ctx_tgt, ctx_dft)
-    impls: list[Drafter] = []
-    try:
-        for t in params.enabled():
-            f = FACTORIES.get(t)
-            if f is None:
-                raise UsageError(f"speculative type {t.type_name!r} is not implemented in this version of llamaspec")
-            impls.append(f(params, n_seq, ctx_tgt, ctx_dft))
-    except BaseException:
-        for d in impls:
-            d.close()
-        raise
-    return Chain(impls, n_seq) if impls else None

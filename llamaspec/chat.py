@@ -1,14 +1,13 @@
 """Chat templates: render a list of ``{"role", "content"}`` messages into a prompt string.
 
 llama.cpp's built-in template matcher is tried first; templates it does not know are rendered with
-Jinja2 through llama-cpp-python's ``Jinja2ChatFormatter`` (what its high-level ``Llama`` does). The
-import of ``llama_cpp.llama_chat_format`` here is the one ``llama_cpp`` import outside
-:mod:`llamaspec._llama`: it is pure Python (no native calls), and re-implementing its sandboxed Jinja
-environment would only drift from llama-cpp-python's behaviour.
+Jinja2 through llama-cpp-python's ``Jinja2ChatFormatter`` (what its high-level ``Llama`` does), reached
+through :mod:`llamaspec._llama.chat_template`.
 """
 from __future__ import annotations
 
 from . import _llama as llama
+from ._llama.chat_template import render_jinja_chat_template
 from .errors import UsageError
 
 
@@ -33,16 +32,9 @@ def apply_chat_template(
     if text is not None:
         return text
     try:
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
         vocab = model.vocab
-        fmt = Jinja2ChatFormatter(
-            template=tmpl,
-            eos_token=_special_piece(vocab, vocab.eos),
-            bos_token=_special_piece(vocab, vocab.bos),
-            add_generation_prompt=add_assistant,
-        )
-        return fmt(messages=messages).prompt
+        return render_jinja_chat_template(tmpl, messages, eos_token=_special_piece(vocab, vocab.eos),
+                                          bos_token=_special_piece(vocab, vocab.bos), add_assistant=add_assistant)
     except Exception as e:  # noqa: BLE001
         raise UsageError(f"could not apply the chat template of {model.path.name}: {e}") from e
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Sequence
 
 from . import _llama as llama
-from .chain import Chain, build_chain
+from .chain import Chain
+from .drafters.registry import build_chain
 from .drafters.base import Drafter
 from ._llama.model import _is_int, check_offload
 from .errors import UsageError
@@ -65,7 +66,7 @@ class EngineParts:
     #: synthetic acceptance: conditional acceptance probability per draft position (spec §2.3)
     synth_cond: list[float] | None = None
     #: drafters keep what they decoded while drafting (``reuse_kv``, PART draft memories only)
-    keep_drafted: bool = False
+    reuse_kv: bool = False
     #: what the engine must close, in creation order (closed in reverse)
     owned: list = field(default_factory=list)
 
@@ -212,7 +213,7 @@ def build_parts(
     for d in (parts.chain.impls if parts.chain else []):
         if d.reuse_kv:
             if parts.dft_level is Level.PART:
-                parts.keep_drafted = True
+                parts.reuse_kv = True
             else:
                 d.reuse_kv = False
                 log.debug("draft KV reuse needs a trimmable (PART) draft memory; using llama.cpp's re-decode")

@@ -2,18 +2,19 @@
 
 ``submit()`` returns a :class:`~llamaspec.request.Request` that owns its output; each slot is one sequence
 (``seq_id`` = slot id) of the target context and serves one request at a time. A slot goes through
-``PROMPT`` (its prompt is decoded in chunks of ``n_batch``, each chunk followed by ``chain.process``; then
-``chain.begin`` and the first token is sampled from the last row), ``GENERATING`` and ``DONE`` (its
-sequence is removed from memory so the slot can be reused by the next queued request).
+``PROMPT`` (decoded in chunks of ``n_batch``, each followed by ``chain.process``; then ``chain.begin`` and the
+first token is sampled), ``GENERATING`` and ``DONE`` (the slot can serve the next queued request).
 
-:meth:`Engine.step` runs one round (:mod:`llamaspec.round`, spec §7.2–§7.5): draft, checkpoint, one
-batched decode, verify, roll back, emit. Who owns what: :mod:`llamaspec.memory` every memory operation,
-:mod:`llamaspec.verify` the verification rules (one verifier per request), :mod:`llamaspec.sampler` the
-target sampler (llama.cpp's ``common_sampler``), the chain the drafters. ``docs/architecture.md`` has the
-whole picture.
+:meth:`Engine.step` cancels and admits (:class:`~llamaspec.scheduler.Scheduler`), runs one round
+(:class:`~llamaspec.round.Round`, spec §7.2–§7.5: draft, checkpoint, one batched decode, verify, roll back,
+emit) and acts on its :class:`~llamaspec.round.RoundOutcome`: failed slots are released, finished ones
+retired, chunks delivered to their requests. Who owns what: :mod:`llamaspec.policy` how far each slot drafts,
+:mod:`llamaspec.memory` every memory operation, :mod:`llamaspec.verify` the verification rules (one verifier
+per request), :mod:`llamaspec.sampler` the target sampler (llama.cpp's ``common_sampler``), the chain the
+drafters. ``docs/architecture.md`` has the whole picture.
 
-Threads: one thread at a time runs ``step()`` (an engine lock); ``submit()`` and ``cancel()`` may be called
-from any thread. Errors: a failure in one slot finishes that request with ``error``; the others go on.
+Threads: one thread at a time runs ``step()`` (:mod:`llamaspec.stepper`); ``submit()`` and ``cancel()`` may be
+called from any thread. A failure in one slot finishes that request with ``error``; the others go on.
 
 Vocabulary follows llama.cpp: ``sampled`` is the last token sampled by the target and **not yet decoded**;
 ``n_past`` is the number of tokens in the target memory for the sequence, so after every round
@@ -24,8 +25,6 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-import time
-from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -34,12 +33,15 @@ from .adaptive import CostModel
 from .chain import Chain
 from .contexts import build_parts
 from .drafters.base import Drafter
-from .errors import EngineClosedError, LlamaSpecError, UsageError
+from .errors import EngineClosedError, UsageError
 from .memory import DraftRollback, TargetRollback
-from .params import ADAPTIVE_DRAFT_N_MAX, ADAPTIVE_TYPES, SpecParams
-from .request import Request, RequestState
-from .round import SpeculativeRound
+from .params import ADAPTIVE_DRAFT_N_MAX, ADAPTIVE_TYPES, VERIFY_MODES, RequestSpec, SpecParams
+from .policy import DraftBudget
+from .request import Request, RequestState, check_request
+from .round import Round, RoundOutcome
+from .sampler import TargetSampler
 from .scheduler import Scheduler
+from .stepper import Stepper
 from .slot import Chunk, FinishReason, GenerationResult, GenerationStats, Slot, SlotState
 
 __all__ = ["Engine", "Chunk", "FinishReason", "GenerationResult", "GenerationStats", "Request", "RequestState", "Slot",
@@ -48,11 +50,12 @@ __all__ = ["Engine", "Chunk", "FinishReason", "GenerationResult", "GenerationSta
 log = logging.getLogger("llamaspec")
 
 DEFAULT_N_CTX = 4096
-VERIFY_MODES = ("match", "rejection")
 
 
-class Engine(Scheduler, SpeculativeRound):
-    """Owns the target (and optional draft) model and context, the chain, and N slots.
+class Engine:
+    """Owns the target (and optional draft) model and context, the chain, and N slots; composes the
+    :class:`~llamaspec.scheduler.Scheduler` (which request runs where) and the :class:`~llamaspec.round.Round`
+    (one speculative round), and drives them: it is the :class:`~llamaspec.request.Driver` of its requests.
 
     >>> # doctest: +SKIP
     >>> with Engine("target.gguf", draft="draft.gguf") as eng:
@@ -150,36 +153,26 @@ class Engine(Scheduler, SpeculativeRound):
         self.chain: Chain | None = parts.chain
         self.synth_cond = parts.synth_cond
         self.rollback_tgt = TargetRollback(self.ctx, self.tgt_level)
-        self.rollback_dft = DraftRollback(self.ctx_dft, self.dft_level, keep_drafted=parts.keep_drafted)
+        self.rollback_dft = DraftRollback(self.ctx_dft, self.dft_level, reuse_kv=parts.reuse_kv)
         self.vocab = self.model.vocab
         self.slots = [Slot(i) for i in range(n_parallel)]
-        #: rows one slot may put in a decode: its [sampled] + draft must fit n_batch and its output rows
-        self._n_rows_max_per_seq = min(self.ctx.n_batch, self.ctx.n_outputs_max_per_seq, self.ctx.n_outputs_max)
-        # requests and threads (llamaspec.request): one thread at a time runs step(); submit/cancel queue work
-        self._step_lock = threading.RLock()
-        self._admin = threading.Lock()
-        self._cv = threading.Condition()
-        self._queued: deque[Request] = deque()
-        self._cancels: list[Request] = []
-        self._next_id = 0
-        #: requests that had to wait for a free slot
-        self.n_deferred = 0
-        #: keep a finished request's tokens in its slot for the next request's common prefix
-        self.cache_prompt = cache_prompt
-        self.totals = GenerationStats()
-        self.n_requests_done = 0
         #: adaptive draft length (SpecParams.draft_adaptive, on by default): online costs in units of one target
         #: decode; for chains of draft-model drafters only (n-gram drafters and auto choose their own lengths)
         self.cost_model = CostModel() if (self.chain is not None and spec.draft_adaptive_on()
                                           and all(t in ADAPTIVE_TYPES for t in self.chain.types)) else None
-        self.n_decode_total = 0  # target decode calls
-        self.n_busy_slots_total = 0  # slots in them, summed (/ n_decode_total = busy slots per decode)
-        self._thread: threading.Thread | None = None
-        self._stop_thread = False
-
-    @property
-    def _keep_draft_kv(self) -> bool:
-        return self.rollback_dft.keep_drafted
+        #: rows one slot may put in a decode: its [sampled] + draft must fit n_batch and its output rows
+        n_rows_max_per_seq = min(self.ctx.n_batch, self.ctx.n_outputs_max_per_seq, self.ctx.n_outputs_max)
+        self.budget = DraftBudget(self.ctx.n_ctx_seq, n_rows_max_per_seq, self.chain.n_max if self.chain else 0,
+                                  self.cost_model, self.rollback_tgt.needs_checkpoint)
+        self.scheduler = Scheduler(self.slots, self.rollback_tgt, self.rollback_dft, self.chain, self.budget,
+                                   verify=verify, ctx=self.ctx, is_eog=self.vocab.is_eog,
+                                   synth_cond=self.synth_cond, cache_prompt=cache_prompt)
+        self.round = Round(self.ctx, self.chain, self.vocab, self.rollback_tgt, self.rollback_dft, self.budget,
+                           self.cost_model, spec.replay_accept_corrected)
+        # threads: one thread at a time runs step(); submit / cancel queue work for it
+        self._stepper = Stepper(self._step, self.scheduler.has_work, lambda: self._closed)
+        self._id_lock = threading.Lock()
+        self._next_id = 0
 
     # ------------------------------------------------------------------------------------------
     # lifetime
@@ -187,30 +180,23 @@ class Engine(Scheduler, SpeculativeRound):
     def close(self) -> None:
         """Free every native object. Requests still queued or running finish with ``abort``; any later call
         raises :class:`EngineClosedError`."""
-        if getattr(self, "_thread", None) is not None:
-            self.stop()
-        lock = getattr(self, "_step_lock", None)
+        stepper = getattr(self, "_stepper", None)
+        if stepper is not None and stepper.has_thread:
+            stepper.stop()
+        lock = stepper.lock if stepper is not None else None
         if lock is not None:
             lock.acquire()
         try:
             self._closed = True
-            for s in getattr(self, "slots", []):
-                if s.request is not None and not s.request.done:
-                    s.request._finish(FinishReason.ABORT)
-                s.spec_ckpt.drop_sampler()
-                if s.sampler is not None:
-                    s.sampler.close()
-                    s.sampler = None
-            for req in getattr(self, "_queued", ()):
-                req._finish(FinishReason.ABORT)
-                req._close_sampler()
+            if getattr(self, "scheduler", None) is not None:
+                self.scheduler.abort_all()
             for obj in reversed(getattr(self, "_owned", [])):
                 obj.close()
             self._owned = []
         finally:
             if lock is not None:
                 lock.release()
-                self._notify()
+                stepper.notify()
 
     def __enter__(self) -> "Engine":
         return self
@@ -230,6 +216,11 @@ class Engine(Scheduler, SpeculativeRound):
     def speculative(self) -> bool:
         return self.chain is not None
 
+    @property
+    def cache_prompt(self) -> bool:
+        """A finished request's tokens stay in its slot for the next request's common prefix."""
+        return self.scheduler.cache_prompt
+
     # ------------------------------------------------------------------------------------------
     # requests
     # ------------------------------------------------------------------------------------------
@@ -241,8 +232,71 @@ class Engine(Scheduler, SpeculativeRound):
         self._check_open()
         return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
+    def submit(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        n_predict: int = -1,
+        sampling: llama.SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        parse_special: bool = False,
+        speculative: RequestSpec | None = None,
+        id_slot: int = -1,
+        cache_prompt: bool = True,
+    ) -> Request:
+        """Queue a request (any thread) and return its :class:`~llamaspec.request.Request`.
+
+        ``n_predict=0`` decodes the prompt only. ``speculative`` lowers the engine's draft settings for this
+        request (``n_max=0``: no drafting). ``id_slot`` pins a slot. ``cache_prompt`` reuses the slot's
+        cached prefix when the engine keeps a prompt cache (:mod:`llamaspec.scheduler`)."""
+        self._check_open()
+        tokens = self.tokenize(prompt, parse_special=parse_special) if isinstance(prompt, str) else list(prompt)
+        check_request(tokens, n_predict, id_slot, n_vocab=self.vocab.n_tokens, n_ctx_seq=self.n_ctx_seq,
+                      n_ctx_train=self.model.n_ctx_train, n_parallel=self.n_parallel)
+        if speculative is not None:
+            speculative.validate(self.chain.n_max if self.chain is not None else 0)
+        sampling = sampling or llama.SamplingParams(temp=0.0)
+        sampler = TargetSampler(self.vocab, sampling)
+        with self._id_lock:
+            self._next_id += 1
+            req = Request(self, self._next_id, tokens, n_predict=n_predict, sampling=sampling, sampler=sampler,
+                          stop=stop)
+        req.speculative, req.id_slot, req.cache_prompt = speculative, id_slot, cache_prompt
+        self.scheduler.enqueue(req)
+        self._stepper.run_now(self.scheduler.admit)
+        return req
+
+    def cancel(self, request: "Request | Slot") -> None:
+        """Abandon a request (any thread): its memory is freed and its slot becomes reusable. (The
+        :class:`~llamaspec.request.Driver` side of ``Request.cancel``.)"""
+        if isinstance(request, Slot):
+            request = self.scheduler.serving.get(request.id)
+            if request is not None:
+                request.cancel()
+            return
+        self.scheduler.request_cancel(request)
+        self._stepper.run_now(self.scheduler.apply_cancels)
+
+    @property
+    def active(self) -> list[Slot]:
+        return self.scheduler.active
+
+    @property
+    def n_deferred(self) -> int:
+        """Requests that had to wait for a free slot."""
+        return self.scheduler.n_deferred
+
+    @property
+    def totals(self) -> GenerationStats:
+        """Statistics summed over finished requests."""
+        return self.scheduler.totals
+
+    @property
+    def n_requests_done(self) -> int:
+        return self.scheduler.n_requests_done
+
     # ------------------------------------------------------------------------------------------
-    # one round
+    # one step
     # ------------------------------------------------------------------------------------------
     def step(self) -> list[Chunk]:
         """Run one round for every active slot; every chunk goes to its request's queue and is returned.
@@ -250,97 +304,72 @@ class Engine(Scheduler, SpeculativeRound):
         A failure in one slot (its drafter, decode or verification) finishes that request with ``error``;
         the others go on. Only an interrupt (``KeyboardInterrupt``) leaves ``step``; memory is consistent
         even then."""
-        with self._step_lock:
-            try:
-                return self._step()
-            finally:
-                self._notify()
+        return self._stepper.step()
 
     def _step(self) -> list[Chunk]:
         self._check_open()
-        self._apply_cancels()
-        self._admit()
-        out: list[Chunk] = []
+        sched = self.scheduler
+        sched.apply_cancels()
+        sched.admit()
+        out = RoundOutcome()
         try:
             gen = [s for s in self.slots if s.state is SlotState.GENERATING and s.sampled is not None]
             prompts = [s for s in self.slots if s.state is SlotState.PROMPT]
             if gen or prompts:
-                self._round(gen, prompts, out)
+                self.round.run(gen, prompts, out)
         except BaseException:
+            self._settle(out)
             self._recover()
-            self._deliver(out)
             raise
-        self._deliver(out)
-        return out
+        self._settle(out)
+        for s in out.prompt_checkpoints:
+            if s.state is SlotState.PROMPT:
+                sched.save_prompt_checkpoint(s)
+        return out.chunks
 
-    def _deliver(self, out: list[Chunk]) -> None:
-        for ch in out:
-            req = ch.request
+    def _settle(self, out: RoundOutcome) -> None:
+        """Act on what the round did: free failed slots, retire finished ones, deliver every chunk."""
+        sched = self.scheduler
+        for s in out.failed:
+            sched.release(s)
+        for s in out.finished:
+            sched.retire(s)
+        for ch in out.chunks:
+            slot = self.slots[ch.slot_id]
+            req = sched.serving.get(ch.slot_id)
             if req is None:
                 continue
-            req._deliver(ch)
+            ch.request_id = req.id
+            if req.state is RequestState.PROMPT and slot.state is not SlotState.PROMPT:
+                req.state = RequestState.GENERATING
+            req.deliver(ch)
             if ch.finished:
-                self._record(req, ch.slot.stats)
-                req._finish(ch.slot.finish_reason or FinishReason.STOP, ch.slot.error)
-
-    def _notify(self) -> None:
-        with self._cv:
-            self._cv.notify_all()
-
-    def _pump(self, req: Request, timeout: float | None) -> bool:
-        """Make progress for ``req``: run a step when no other thread is, else wait for one. False when
-        ``timeout`` passed without output."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        threaded = self._thread is not None and self._thread.is_alive()
-        while True:
-            if not threaded and self._step_lock.acquire(blocking=False):
-                try:
-                    if not req._chunks and not req.done:
-                        self._step()
-                finally:
-                    self._step_lock.release()
-                    self._notify()
-                return True
-            with self._cv:
-                self._cv.wait(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
-            if req._chunks or req.done:
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-
-    def _fail(self, slot: Slot, exc: BaseException) -> Chunk:
-        """Finish one slot's request with ``error``: its memory is released, the other slots go on."""
-        msg = str(exc) if isinstance(exc, LlamaSpecError) and str(exc) else f"{type(exc).__name__}: {exc}"
-        log.error("slot %d: request failed: %s", slot.id, msg)
-        if self.chain is not None:
-            self.chain.reset(slot.seq_id)
-        slot.spec_draft, slot.spec_probs, slot.spec_is_replay, slot.spec_i_batch = [], None, False, []
-        slot.finish_reason, slot.error = FinishReason.ERROR, msg
-        slot.state = SlotState.DONE
-        slot.sampled = None
-        slot.prompt_tokens = slot.prompt[: slot.n_prompt]
-        text = slot.stream.flush() if slot.stream is not None else ""
-        self._release(slot)
-        return Chunk(slot, [], text, True, 0, slot.request)
+                sched.record(slot.stats)
+                req.finish(slot.finish_reason or FinishReason.STOP, slot.error)
 
     def _recover(self) -> None:
-        """After an interrupt mid-round: every live slot's memory must hold exactly its committed tokens
-        (the rollback objects put it back), or the slot is aborted; drafters forget the round."""
-        for s in self.slots:
-            if s.state not in (SlotState.PROMPT, SlotState.GENERATING):
-                continue
-            if self.chain is not None:
-                self.chain.reset(s.seq_id)
-            s.spec_draft, s.spec_probs, s.spec_is_replay, s.spec_i_batch = [], None, False, []
-            if s.state is SlotState.PROMPT or not (self.rollback_tgt.recover(s) and self.rollback_dft.recover(s)):
-                if s.state is SlotState.GENERATING:
-                    log.error("could not restore memory of slot %d after an error; the slot is closed", s.id)
-                self._release(s)
-                s.state = SlotState.DONE
-                s.finish_reason = FinishReason.ABORT
-                if s.request is not None:
-                    s.request._finish(FinishReason.ABORT)
-            s.spec_ckpt.drop_sampler()
+        """After an interrupt mid-round: a live slot whose memory cannot be put back is aborted."""
+        for s in self.round.recover(self.slots):
+            self.scheduler.release(s)
+            req = self.scheduler.serving.get(s.id)
+            if req is not None:
+                req.finish(FinishReason.ABORT)
+
+    # ------------------------------------------------------------------------------------------
+    # driving (llamaspec.stepper): the Driver of every request, and the engine thread
+    # ------------------------------------------------------------------------------------------
+    def wait(self, req: Request, timeout: float | None) -> bool:
+        """Make progress for ``req`` (the :class:`~llamaspec.request.Driver` side of reading a request)."""
+        return self._stepper.wait(lambda: req.has_output, timeout)
+
+    def start(self) -> None:
+        """Run steps in a background thread while there is work (idempotent). Requests then only wait."""
+        self._check_open()
+        self._stepper.start()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop the background thread (the current step finishes first)."""
+        self._stepper.stop(timeout)
 
     # ------------------------------------------------------------------------------------------
     # convenience
@@ -391,8 +420,8 @@ class Engine(Scheduler, SpeculativeRound):
             index = {r.id: i for i, r in enumerate(reqs)}
             while not all(r.done for r in reqs):
                 for ch in self.step():
-                    if on_chunk is not None and ch.request is not None and ch.request.id in index:
-                        on_chunk(index[ch.request.id], ch)
+                    if on_chunk is not None and ch.request_id in index:
+                        on_chunk(index[ch.request_id], ch)
         finally:
             for r in reqs:
                 if not r.done:
@@ -402,6 +431,18 @@ class Engine(Scheduler, SpeculativeRound):
     # ------------------------------------------------------------------------------------------
     # statistics
     # ------------------------------------------------------------------------------------------
+    def slots_info(self) -> list[dict]:
+        """One dict per slot (llama-server's ``/slots``, in short)."""
+        return self.scheduler.slots_info()
+
+    def metrics(self) -> dict:
+        """Totals over finished requests plus what is running now (llama-server's ``/metrics`` names)."""
+        m = self.scheduler.request_metrics()
+        c = self.round.counters
+        m["n_decode_total"] = c.n_decode
+        m["n_busy_slots_per_decode"] = c.n_busy_slots / c.n_decode if c.n_decode else 0.0
+        return m
+
     def drafter_stats(self) -> list[dict]:
         return self.chain.stats_dicts() if self.chain else []
 

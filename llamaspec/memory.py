@@ -9,15 +9,20 @@ holds a :class:`TargetRollback` for the target context and a :class:`DraftRollba
 round step             target (:class:`TargetRollback`)            draft (:class:`DraftRollback`)
 =====================  ==========================================  ==========================================
 before drafting §7.2   ``mark``: remember ``n_past`` / positions    ``before_draft``: FULL saves its state
-after drafting §7.3    ``checkpoint``: state + sampler when the     ``after_draft``: FULL reloads, then drop
-                       level needs one for this draft length       what drafting decoded
-partial accept §7.5.4  ``restore``: reload, trim, sampler back      ``restore``: reload, trim
-commit §7.5.8          ``commit``: trim rejected rows               ``commit``: trim (FULL: reload + re-decode)
+after drafting §7.3    ``checkpoint``: state when the level needs   ``after_draft``: FULL reloads, then drop
+                       one for this draft length (True: saved)     what drafting decoded
+partial accept §7.5.4  ``restore``: reload, trim                    ``restore``: reload, trim
+commit §7.5.8          ``commit``: trim rejected rows (True: some   ``commit``: trim (FULL: reload + re-decode)
+                       were there)
 after an error         ``recover``: memory == committed tokens?     ``recover``: the same for the draft
 =====================  ==========================================  ==========================================
 
-Every ``seq_rm`` result is checked: a false return where the level promises success raises
-:class:`MemoryOpError` instead of silently keeping rejected tokens (design.md, "never ignore a bool").
+The verbs take a sequence id, its committed length ``n_past`` and its :class:`Checkpoint`, and say what they
+did; they know nothing of slots, samplers or statistics (the round keeps the sampler with the checkpoint and
+counts checkpoints, restores and trims). Every ``seq_rm`` result is checked: a false return where the level
+promises success raises :class:`MemoryOpError` instead of silently keeping rejected tokens (design.md,
+"never ignore a bool"). Drafters that keep rows of their own in the draft context reach it through
+:class:`SeqMemory`, never directly.
 """
 from __future__ import annotations
 
@@ -31,7 +36,6 @@ from .level import Level
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sampler import TargetSampler
-    from .slot import Slot
 
 log = logging.getLogger("llamaspec")
 
@@ -59,6 +63,16 @@ class Checkpoint:
     @property
     def empty(self) -> bool:
         return not self.data_tgt
+
+    def keep_sampler(self, sampler: "TargetSampler") -> None:
+        """Keep ``sampler`` (a clone of the target sampler before verification) with the state."""
+        self.drop_sampler()
+        self.sampler = sampler
+
+    def take_sampler(self) -> "TargetSampler | None":
+        """The kept sampler, handed over (the checkpoint no longer holds it)."""
+        sampler, self.sampler = self.sampler, None
+        return sampler
 
     def drop_sampler(self) -> None:
         if self.sampler is not None:
@@ -179,10 +193,13 @@ class Rollback:
 
     def release(self, seq_id: int) -> None:
         """Forget a sequence entirely (its request ended)."""
-        if self.ctx is None or not self.ctx.ptr or self.ctx.memory is None:
+        if not self._live():
             return
         if not self.ctx.memory.seq_rm(seq_id, 0, -1):
             log.warning("seq_rm refused to clear sequence %d of a %s memory", seq_id, self.level.name)
+
+    def _live(self) -> bool:
+        return self.ctx is not None and bool(self.ctx.ptr) and self.ctx.memory is not None
 
     def _save(self, seq_id: int) -> bytes:
         return self.ctx.state_seq_get(seq_id, llama.STATE_FLAGS_PARTIAL_ONLY)
@@ -191,23 +208,32 @@ class Rollback:
         if data:
             self.ctx.state_seq_set(seq_id, data, llama.STATE_FLAGS_PARTIAL_ONLY)
 
-    def recover(self, slot: "Slot") -> bool:
-        """After an error mid-round: make this memory hold exactly the slot's committed tokens
-        (``seq_pos_max == n_past - 1``). Returns False when that is impossible (the slot must be aborted)."""
-        if self.ctx is None or not self.ctx.ptr or self.ctx.memory is None:
+    def recover(self, seq_id: int, n_past: int, ckpt: Checkpoint) -> bool:
+        """After an error mid-round: make this memory hold exactly the ``n_past`` committed tokens of
+        ``seq_id`` (``seq_pos_max == n_past - 1``). False when that is impossible (the slot must be aborted)."""
+        if not self._live():
             return True
-        memory, seq_id, n_past = self.ctx.memory, slot.seq_id, slot.n_past
+        memory = self.ctx.memory
         if memory.pos_max(seq_id) >= n_past and not memory.seq_rm(seq_id, n_past, -1):
-            ckpt = slot.spec_ckpt
             data = self._checkpoint_data(ckpt)
             if ckpt.n_tokens == n_past and data:
                 try:
                     self._load(seq_id, data)
                 except Exception as e:  # noqa: BLE001 - reported below as an unrecoverable slot
-                    log.error("slot %d: reloading the checkpoint failed: %s", slot.id, e)
+                    log.error("sequence %d: reloading the checkpoint failed: %s", seq_id, e)
                     return False
                 memory.seq_rm(seq_id, n_past, -1)
         return memory.pos_max(seq_id) == n_past - 1
+
+    def recover_prompt(self, seq_id: int, n_done: int) -> bool:
+        """After a failed prompt chunk: back to the ``n_done`` prompt tokens decoded before it (only a
+        trimmable memory can drop a chunk). False when that is impossible."""
+        if self.ctx is None:
+            return True
+        memory = self.ctx.memory
+        if memory.pos_max(seq_id) >= n_done and (self.level is not Level.PART or not memory.seq_rm(seq_id, n_done, -1)):
+            return False
+        return memory.pos_max(seq_id) == n_done - 1
 
     def _checkpoint_data(self, ckpt: Checkpoint) -> bytes:
         raise NotImplementedError
@@ -219,99 +245,85 @@ class TargetRollback(Rollback):
     def _checkpoint_data(self, ckpt: Checkpoint) -> bytes:
         return ckpt.data_tgt
 
-    def mark(self, slot: "Slot") -> None:
+    def mark(self, seq_id: int, n_past: int, ckpt: Checkpoint) -> None:
         """Before drafting (§7.2): the checkpoint describes the committed tokens (no state saved yet)."""
         memory = self.ctx.memory
-        slot.spec_ckpt.update_pos(slot.n_past, memory.pos_min(slot.seq_id), memory.pos_max(slot.seq_id))
+        ckpt.update_pos(n_past, memory.pos_min(seq_id), memory.pos_max(seq_id))
 
-    def checkpoint(self, slot: "Slot") -> None:
-        """After drafting (§7.3): save the state (and the sampler) when this draft's rollback needs it."""
-        if not slot.spec_draft or not self.needs_checkpoint(len(slot.spec_draft)):
-            return
-        ckpt = slot.spec_ckpt
-        ckpt.data_tgt = self._save(slot.seq_id)
-        ckpt.drop_sampler()
-        ckpt.sampler = slot.sampler.clone()
-        slot.stats.n_checkpoints += 1
+    def checkpoint(self, seq_id: int, ckpt: Checkpoint, n_draft: int) -> bool:
+        """After drafting (§7.3): save the state when rolling back a draft of ``n_draft`` tokens needs it.
+        True when a state was saved (the caller keeps the sampler with it)."""
+        if not n_draft or not self.needs_checkpoint(n_draft):
+            return False
+        ckpt.data_tgt = self._save(seq_id)
+        return True
 
-    def check_replay(self, slot: "Slot") -> None:
+    def check_replay(self, seq_id: int, ckpt: Checkpoint) -> None:
         """A replay round re-decodes from the checkpoint; on FULL memories there must be one (§7.2)."""
-        if self.level is Level.FULL and slot.spec_ckpt.empty:
-            raise MemoryOpError(f"slot {slot.id}: replay round without a target checkpoint")
+        if self.level is Level.FULL and ckpt.empty:
+            raise MemoryOpError(f"sequence {seq_id}: replay round without a target checkpoint")
 
-    def restore(self, slot: "Slot") -> None:
-        """Partial acceptance that ``seq_rm`` cannot undo (§7.5 step 4): reload the checkpoint, drop what
-        follows it, and put the sampler back as it was before verification."""
-        ckpt = slot.spec_ckpt
+    def restore(self, seq_id: int, ckpt: Checkpoint) -> None:
+        """Partial acceptance that ``seq_rm`` cannot undo (§7.5 step 4): reload the checkpoint and drop what
+        follows it (the caller puts the sampler back as it was before verification)."""
         if ckpt.empty:
-            raise MemoryOpError(f"slot {slot.id}: partial acceptance needs a checkpoint, none was taken")
-        self._load(slot.seq_id, ckpt.data_tgt)
-        self.trim(slot.seq_id, ckpt.pos_max + 1)
-        if ckpt.sampler is not None:
-            slot.sampler.copy_from(ckpt.sampler)
-            ckpt.drop_sampler()
-        slot.stats.n_restores += 1
+            raise MemoryOpError(f"sequence {seq_id}: partial acceptance needs a checkpoint, none was taken")
+        self._load(seq_id, ckpt.data_tgt)
+        self.trim(seq_id, ckpt.pos_max + 1)
 
-    def commit(self, slot: "Slot") -> None:
-        """After acceptance (§7.5 step 8): drop the rejected rows."""
-        slot.spec_ckpt.drop_sampler()
-        if self.trim(slot.seq_id, slot.n_past):
-            slot.stats.n_trims += 1
+    def commit(self, seq_id: int, n_past: int) -> bool:
+        """After acceptance (§7.5 step 8): drop the rejected rows. True when there were some."""
+        return self.trim(seq_id, n_past)
 
 
 class DraftRollback(Rollback):
     """The draft model's context. A FULL draft memory is saved before drafting and reloaded after it; where
     llama.cpp aborts (a FULL draft with a trimming target, spec §7.5), it reloads and re-decodes instead."""
 
-    def __init__(self, ctx: "llama.Context | None", level: Level, *, keep_drafted: bool = False):
+    def __init__(self, ctx: "llama.Context | None", level: Level, *, reuse_kv: bool = False):
         super().__init__(ctx, level)
-        #: leave what drafting decoded in the draft context (``reuse_kv``: the drafter skips those rows)
-        self.keep_drafted = keep_drafted
-
-    @property
-    def active(self) -> bool:
-        return self.ctx is not None
+        #: draft-KV reuse: leave what drafting decoded in the draft context (the drafter skips those rows)
+        self.reuse_kv = reuse_kv
 
     def _checkpoint_data(self, ckpt: Checkpoint) -> bytes:
         return ckpt.data_dft
 
-    def before_draft(self, slot: "Slot") -> None:
+    def before_draft(self, seq_id: int, ckpt: Checkpoint) -> None:
         if self.ctx is not None and self.level is Level.FULL:
-            slot.spec_ckpt.data_dft = self._save(slot.seq_id)
+            ckpt.data_dft = self._save(seq_id)
 
-    def after_draft(self, slot: "Slot") -> None:
+    def after_draft(self, seq_id: int, ckpt: Checkpoint) -> None:
         """Drop whatever drafting decoded (§7.3 step 2): the verification batch is mirrored into it."""
         if self.ctx is None:
             return
-        ckpt = slot.spec_ckpt
         if self.level is Level.FULL:
-            self._load(slot.seq_id, ckpt.data_dft)
-        if not self.keep_drafted:
-            self.trim(slot.seq_id, ckpt.pos_max + 1)
+            self._load(seq_id, ckpt.data_dft)
+        if not self.reuse_kv:
+            self.trim(seq_id, ckpt.pos_max + 1)
 
-    def restore(self, slot: "Slot") -> None:
+    def restore(self, seq_id: int, ckpt: Checkpoint, tokens: list[int]) -> None:
+        """Back to the checkpoint (``tokens``: the sequence's committed tokens)."""
         if self.ctx is None:
             return
-        ckpt = slot.spec_ckpt
-        self._load(slot.seq_id, ckpt.data_dft)
-        self._trim_or_redecode(slot, ckpt.pos_max + 1)
+        self._load(seq_id, ckpt.data_dft)
+        self._trim_or_redecode(seq_id, ckpt.pos_max + 1, ckpt, tokens)
 
-    def commit(self, slot: "Slot") -> None:
+    def commit(self, seq_id: int, n_past: int, ckpt: Checkpoint, tokens: list[int]) -> None:
+        """Drop the rejected rows (``tokens``: the sequence's committed tokens, ``n_past`` of them)."""
         if self.ctx is not None:
-            self._trim_or_redecode(slot, slot.n_past)
+            self._trim_or_redecode(seq_id, n_past, ckpt, tokens)
 
-    def _trim_or_redecode(self, slot: "Slot", pos: int) -> None:
+    def _trim_or_redecode(self, seq_id: int, pos: int, ckpt: Checkpoint, tokens: list[int]) -> None:
         """Trim at ``pos``; a FULL memory that refuses is reloaded from the checkpoint and the committed
         tokens after it are decoded again."""
-        memory, seq_id = self.ctx.memory, slot.seq_id
+        memory = self.ctx.memory
         if memory.seq_rm(seq_id, pos, -1):
             return
-        ckpt = slot.spec_ckpt
         if self.level is not Level.FULL or not ckpt.data_dft:
-            raise MemoryOpError(f"seq_rm on the draft context was refused (slot {slot.id}, pos {pos})")
+            raise MemoryOpError(f"seq_rm on the draft context was refused (sequence {seq_id}, pos {pos})")
         self._load(seq_id, ckpt.data_dft)
         if not memory.seq_rm(seq_id, ckpt.pos_max + 1, -1):
-            raise MemoryOpError(f"could not roll back the draft context of slot {slot.id}")
-        redo = slot.prompt[ckpt.n_tokens : pos]
+            raise MemoryOpError(f"could not roll back the draft context of sequence {seq_id}")
+        redo = tokens[ckpt.n_tokens : pos]
         if redo:
             self.ctx.decode_tokens(redo, ckpt.n_tokens, seq_id, output_last=True)

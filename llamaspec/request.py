@@ -7,26 +7,56 @@ iterates over its own chunks only, so any number of requests can be consumed in 
 
 Thread model (design.md 12): native state is touched only inside :meth:`Engine.step`, which one thread at a
 time runs (an engine lock). ``submit()`` and ``cancel()`` may be called from any thread: they only queue
-work for the next step. A request iterated without an engine thread drives the engine itself (it runs
-``step()`` whenever no other thread is stepping); with an engine thread (a server), it just waits.
+work for the next step. A request reaches its engine only through the two methods of :class:`Driver`:
+``wait`` (make progress or wait for it: without an engine thread the Engine runs ``step()`` whenever no other
+thread is stepping; with one, a server's, it just waits) and ``cancel``.
 """
 from __future__ import annotations
 
 import enum
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
-from .errors import LlamaSpecError, RequestError
+from .errors import ContextOverflowError, LlamaSpecError, RequestError, UsageError
 from .slot import Chunk, FinishReason, GenerationResult, GenerationStats
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import _llama as llama
-    from .engine import Engine
     from .sampler import TargetSampler
     from .slot import Slot
 
-__all__ = ["Request", "RequestState"]
+__all__ = ["Driver", "Request", "RequestState"]
+
+
+class Driver(Protocol):
+    """What a request needs of its engine (the Engine implements it)."""
+
+    def wait(self, request: "Request", timeout: float | None) -> bool:
+        """Make progress for ``request`` (run a step, or wait for the thread that does) until it has output
+        or is done; False when ``timeout`` passed first."""
+
+    def cancel(self, request: "Request") -> None:
+        """Abandon ``request`` at the next step (any thread)."""
+
+
+def check_request(tokens: Sequence[int], n_predict: int, id_slot: int, *, n_vocab: int, n_ctx_seq: int,
+                  n_ctx_train: int, n_parallel: int) -> None:
+    """Raise :class:`UsageError` (or :class:`ContextOverflowError`) naming what is wrong with a request."""
+    if not tokens:
+        raise UsageError("the prompt is empty (and the model adds no BOS token): give at least one token")
+    bad = [t for t in tokens if not 0 <= t < n_vocab]
+    if bad:
+        raise UsageError(f"prompt token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+    if len(tokens) >= n_ctx_seq:
+        raise ContextOverflowError(
+            f"the prompt has {len(tokens)} tokens but the context holds {n_ctx_seq} per sequence; "
+            f"shorten the prompt or raise --ctx-size (this model was trained for {n_ctx_train})"
+        )
+    if n_predict < -1:
+        raise UsageError(f"n_predict must be >= -1 (-1 = until end of generation or context), got {n_predict}")
+    if not -1 <= id_slot < n_parallel:
+        raise UsageError(f"id_slot must be -1 (any) or 0..{n_parallel - 1}, got {id_slot}")
 
 
 class RequestState(enum.Enum):
@@ -39,7 +69,7 @@ class RequestState(enum.Enum):
 class Request:
     """One generation request (see the module docstring). Create it with :meth:`Engine.submit`."""
 
-    def __init__(self, engine: "Engine", request_id: int, tokens: list[int], *, n_predict: int,
+    def __init__(self, driver: Driver, request_id: int, tokens: list[int], *, n_predict: int,
                  sampling: "llama.SamplingParams", sampler: "TargetSampler", stop: Sequence[str]):
         self.id = request_id
         self.prompt_tokens = tokens
@@ -63,7 +93,7 @@ class Request:
         self.drafted_mask: list[bool] = []
         self._text: list[str] = []
         self._stats = GenerationStats(n_prompt=len(tokens))
-        self._engine = engine
+        self._driver = driver
         self._sampler: "TargetSampler | None" = sampler  # handed to the slot on admission
         self._chunks: deque[Chunk] = deque()
         self._cancel = False
@@ -95,7 +125,7 @@ class Request:
         """Abandon the request (any thread). It finishes with ``abort`` at the next step; its memory is
         freed and its slot becomes reusable. Chunks already delivered stay readable."""
         self._cancel = True
-        self._engine._cancel_soon(self)
+        self._driver.cancel(self)
 
     # -- output -------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Chunk]:
@@ -126,30 +156,44 @@ class Request:
         return GenerationResult(list(self.tokens), self.text, self.finish_reason or FinishReason.ABORT, self.stats,
                                 list(self.prompt_tokens), list(self.drafted_mask), self.error)
 
-    # -- engine side ------------------------------------------------------------------------------
     def _next_chunk(self, timeout: float | None) -> Chunk | None:
-        engine = self._engine
         while True:
             if self._chunks:
                 return self._chunks.popleft()
             if self._done.is_set():
                 return self._chunks.popleft() if self._chunks else None
-            if not engine._pump(self, timeout):
+            if not self._driver.wait(self, timeout):
                 raise LlamaSpecError(f"request {self.id}: no output within {timeout} s")
 
-    def _deliver(self, ch: Chunk) -> None:
-        """Called by the engine (inside step) with each chunk this request produced."""
+    # -- engine side (the Engine and its Scheduler call these) -------------------------------------
+    @property
+    def cancelled(self) -> bool:
+        """``cancel()`` was called."""
+        return self._cancel
+
+    @property
+    def has_output(self) -> bool:
+        """Chunks are waiting to be read, or the request is done."""
+        return bool(self._chunks) or self.done
+
+    def take_sampler(self) -> "TargetSampler | None":
+        """The target sampler built at submit, handed to the slot that serves the request."""
+        sampler, self._sampler = self._sampler, None
+        return sampler
+
+    def deliver(self, ch: Chunk) -> None:
+        """One chunk this request produced (inside a step)."""
         self.tokens.extend(ch.tokens)
         self.drafted_mask.extend(i < ch.n_from_draft for i in range(len(ch.tokens)))
         self._text.append(ch.text)
         self._chunks.append(ch)
 
-    def _close_sampler(self) -> None:
+    def close_sampler(self) -> None:
         if self._sampler is not None:
             self._sampler.close()
             self._sampler = None
 
-    def _finish(self, reason: FinishReason, error: str | None = None) -> None:
+    def finish(self, reason: FinishReason, error: str | None = None) -> None:
         if self.slot is not None:
             self._stats = self.slot.stats
             self.stop_type, self.stopping_word, self.truncated = (self.slot.stop_type, self.slot.stopping_word,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,7 +12,8 @@ from .memory import Checkpoint, PromptCheckpoint
 from .text import TextStream
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .request import Request
+    from .adaptive import DraftLengthController
+    from .params import RequestSpec
     from .sampler import TargetSampler
     from .verify.verifiers import Verifier
 
@@ -32,6 +33,18 @@ class FinishReason(str, enum.Enum):
 
     def __str__(self) -> str:  # pragma: no cover - cosmetic
         return self.value
+
+
+def add_per_position(per: list[int], counts: "list[int]") -> None:
+    """``per[i] += counts[i]``, growing ``per`` as needed (per-position acceptance histograms).
+
+    >>> per = [2, 1]; add_per_position(per, [1, 1, 1]); per
+    [3, 2, 1]
+    """
+    if len(per) < len(counts):
+        per.extend([0] * (len(counts) - len(per)))
+    for i, c in enumerate(counts):
+        per[i] += c
 
 
 @dataclass
@@ -77,24 +90,21 @@ class GenerationStats:
         """``1 + accepted / verification steps`` (llama.cpp's "mean len")."""
         return 1.0 + self.n_accepted / self.n_verif_steps if self.n_verif_steps else 1.0
 
-    def acceptance_summary(self) -> str:
-        """llama.cpp server's per-slot line: ``draft acceptance = ...``."""
-        return (
-            f"draft acceptance = {self.acceptance_rate:0.5f} ({self.n_accepted:5d} accepted / {self.n_drafted:5d} generated), "
-            f"mean len = {self.mean_accepted_length:5.2f}"
-        )
+    def count_verified(self, n_accepted: int, drafter_type: str | None) -> None:
+        """One verified draft of which ``n_accepted`` tokens were accepted, drafted by ``drafter_type``."""
+        if drafter_type is not None and n_accepted > 0:
+            self.n_accepted_by_type[drafter_type] = self.n_accepted_by_type.get(drafter_type, 0) + n_accepted
+        self.n_accepted += n_accepted
+        self.n_verif_steps += 1
+        add_per_position(self.n_accepted_per_pos, [1] * n_accepted)
 
     def merge(self, other: "GenerationStats") -> None:
-        for k in ("n_prompt", "n_cached", "n_predicted", "t_prompt_s", "t_decode_s", "n_target_decodes", "n_drafted", "n_accepted",
-                  "n_verif_steps", "n_replays", "n_restores", "n_checkpoints", "n_trims", "n_draft_skipped"):
-            setattr(self, k, getattr(self, k) + getattr(other, k))
+        for f in fields(self):
+            if f.type in ("int", "float"):
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         for k, v in other.n_accepted_by_type.items():
             self.n_accepted_by_type[k] = self.n_accepted_by_type.get(k, 0) + v
-        per = self.n_accepted_per_pos
-        for i, c in enumerate(other.n_accepted_per_pos):
-            if i >= len(per):
-                per.append(0)
-            per[i] += c
+        add_per_position(self.n_accepted_per_pos, other.n_accepted_per_pos)
 
     def to_dict(self) -> dict:
         return {
@@ -142,13 +152,13 @@ class Chunk:
     is always the target's own).
     """
 
-    slot: "Slot"
+    slot_id: int
     tokens: list[int]
     text: str
     finished: bool = False
     n_from_draft: int = 0
-    #: the request that produced the chunk (chunks are delivered to it)
-    request: "Request | None" = None
+    #: the id of the request that produced the chunk (chunks are delivered to it)
+    request_id: int | None = None
 
 
 class Slot:
@@ -166,16 +176,17 @@ class Slot:
         self.reset()
 
     def reset(self) -> None:
-        self.prompt: list[int] = []  # tokens in the target memory, in order (prompt + committed output)
+        #: the committed sequence: every token in the target memory, in order (prompt + committed output)
+        self.tokens: list[int] = []
         self.n_prompt = 0
         self.n_prompt_done = 0  # prompt tokens in memory (cached or decoded so far)
         self.n_prompt_chunk = 0  # prompt tokens decoded in this round's batch
         #: leave a prompt checkpoint after ``len(prompt) - 1`` tokens (the last prompt token is decoded alone)
         self.want_prompt_ckpt = False
         #: per-request speculative settings (None = the engine's)
-        self.spec_req = None
+        self.spec_req: "RequestSpec | None" = None
         #: adaptive draft length (llamaspec.adaptive), when the engine has it on
-        self.adaptive = None
+        self.adaptive: "DraftLengthController | None" = None
         self.prompt_tokens: list[int] = []  # the prompt, kept after the slot's memory is released
         self.sampled: int | None = None  # last token sampled by the target, not yet decoded
         self.generated: list[int] = []
@@ -190,7 +201,8 @@ class Slot:
         self.truncated = False
         self.error: str | None = None
         self.stats = GenerationStats()
-        self._t0 = 0.0
+        #: when the current phase (prompt, then generation) started (perf_counter)
+        self.t_start = 0.0
         # speculative state (spec §7.1)
         self.spec_draft: list[int] = []
         self.spec_probs: list[np.ndarray] | None = None
@@ -199,10 +211,12 @@ class Slot:
             self.spec_ckpt.drop_sampler()
         self.spec_ckpt = Checkpoint()
         self.spec_is_replay = False
-        #: the request this slot serves
-        self.request: "Request | None" = None
         #: the request's verification rule (chosen once at submit; see llamaspec.verify.verifiers)
         self.verifier: "Verifier | None" = None
+
+    def clear_round(self) -> None:
+        """Forget the round in progress (its draft, rows and replay), after an error or an interrupt."""
+        self.spec_draft, self.spec_probs, self.spec_is_replay, self.spec_i_batch = [], None, False, []
 
     @property
     def seq_id(self) -> int:
@@ -211,7 +225,7 @@ class Slot:
     @property
     def n_past(self) -> int:
         """Tokens in the target memory for this sequence."""
-        return len(self.prompt)
+        return len(self.tokens)
 
     @property
     def n_remaining(self) -> int:

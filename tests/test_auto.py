@@ -12,7 +12,7 @@ import random
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from llamaspec.cli.main import main
 from llamaspec.auto import AUTO_NGRAM_K_START, AutoChain, GatedDrafter, SlotGate
 from llamaspec.drafters.base import DraftParams, Drafter
 from llamaspec.drafters.ngram_lookup import (NgramLookup, NgramLookupParams, best_length, default_verify_cost,
@@ -168,9 +168,9 @@ def run_gate(n_accepted: int, rounds: int, verify_ms: dict[int, float], draft_ms
     """The auto chain with a fake drafter: every round it drafts, the target "accepts" ``n_accepted``."""
     inner = FakeDraft(1)
     lookup = NgramLookup(1, NgramLookupParams())
-    chain = AutoChain([lookup], 1)
-    gated = GatedDrafter(inner, chain)
-    chain.impls.append(gated)
+    chain = AutoChain(lookup, inner, 1)
+    gated = chain.gated
+    assert isinstance(gated, GatedDrafter) and chain.impls == [lookup, gated]
     for rows, ms in verify_ms.items():
         chain.cost.add_decode(rows, ms)
     drafted = []

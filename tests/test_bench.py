@@ -23,7 +23,7 @@ from llamaspec.params import SpecParams
 from llamaspec.probe import expected_speedup
 
 BENCH_MODULES = ["llamaspec.bench.stats", "llamaspec.bench.modes", "llamaspec.bench.native", "llamaspec.bench.prompts",
-                 "llamaspec.bench.report", "llamaspec.bench.runners", "llamaspec.bench.server_mode"]
+                 "llamaspec.bench.report", "llamaspec.bench.runners", "llamaspec.bench.server_mode", "llamaspec.bench.analysis"]
 
 
 @pytest.mark.parametrize("name", BENCH_MODULES)
@@ -346,9 +346,9 @@ def test_rich_table_and_plot(tmp_path):
 def test_matplotlib_is_optional(tmp_path, monkeypatch):
     """Without matplotlib the package and the CLI import and run; asking for a PNG says how to get it."""
     code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "import llamaspec, llamaspec.bench, llamaspec.bench.report, cli.bench\n"
+            "import llamaspec, llamaspec.bench, llamaspec.bench.report, llamaspec.cli.bench\n"
             "from click.testing import CliRunner\n"
-            "from cli.main import main\n"
+            "from llamaspec.cli.main import main\n"
             "r = CliRunner().invoke(main, ['bench', '--help'])\n"
             "assert r.exit_code == 0, r.output\n"
             "assert not any(m.startswith('matplotlib.') for m in sys.modules)\n")
@@ -378,7 +378,7 @@ def test_write_atomic(tmp_path):
 
 
 def _invoke(args):
-    from cli.main import main
+    from llamaspec.cli.main import main
 
     return CliRunner().invoke(main, ["bench", *args], catch_exceptions=False)
 
@@ -432,11 +432,11 @@ def test_bench_skips_native_when_not_built(tmp_path):
 
 
 def test_bench_usage_errors(tmp_path):
-    r = CliRunner().invoke(__import__("cli.main", fromlist=["main"]).main, ["bench", "--quick", "--modes", "ngram-cache"])
+    r = CliRunner().invoke(__import__("llamaspec.cli.main", fromlist=["main"]).main, ["bench", "--quick", "--modes", "ngram-cache"])
     assert r.exit_code == 2 and "ngram-cache" in r.output
-    r = CliRunner().invoke(__import__("cli.main", fromlist=["main"]).main, ["bench", "--quick", "--engines", "vllm"])
+    r = CliRunner().invoke(__import__("llamaspec.cli.main", fromlist=["main"]).main, ["bench", "--quick", "--engines", "vllm"])
     assert r.exit_code == 2 and "unknown engine" in r.output
-    r = CliRunner().invoke(__import__("cli.main", fromlist=["main"]).main,
+    r = CliRunner().invoke(__import__("llamaspec.cli.main", fromlist=["main"]).main,
                            ["bench", "--quick", "--json", str(tmp_path / "no" / "x.json")])
     assert r.exit_code == 2 and "does not exist" in r.output
 

@@ -6,7 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from llamaspec.cli.main import main
 
 from helpers import real_model
 
@@ -219,7 +219,7 @@ def test_summary_on_its_own_line_in_one_file(tiny_registry, tmp_path):
 
     log = tmp_path / "run.log"
     with log.open("w") as f:
-        p = subprocess.run([sys.executable, "-m", "cli.main", "generate", "tok_5 tok_9", "-n", "12", "--temp", "0"],
+        p = subprocess.run([sys.executable, "-m", "llamaspec.cli.main", "generate", "tok_5 tok_9", "-n", "12", "--temp", "0"],
                            stdout=f, stderr=subprocess.STDOUT, timeout=300)
     assert p.returncode == 0, log.read_text()
     text, _, last = log.read_text().rstrip("\n").rpartition("\n")
@@ -228,7 +228,7 @@ def test_summary_on_its_own_line_in_one_file(tiny_registry, tmp_path):
     # stdout alone (a file of its own) is exactly the text: no newline added
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     with out.open("w") as fo, err.open("w") as fe:
-        p = subprocess.run([sys.executable, "-m", "cli.main", "generate", "tok_5 tok_9", "-n", "12", "--temp", "0"],
+        p = subprocess.run([sys.executable, "-m", "llamaspec.cli.main", "generate", "tok_5 tok_9", "-n", "12", "--temp", "0"],
                            stdout=fo, stderr=fe, timeout=300)
     assert p.returncode == 0 and out.read_text() == text
     assert err.read_text().startswith("generated 12 tokens at")

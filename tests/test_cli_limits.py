@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from llamaspec.cli.main import main
 
 
 def run(*args, input=None):

@@ -13,12 +13,13 @@ MODULES = [
     "llamaspec.stats",
     "llamaspec.probe",
     "llamaspec._llama",
+    "llamaspec.drafters.base",
     "llamaspec.drafters.draft_model",
     "llamaspec.drafters.ngram_lookup",
     "llamaspec.auto",
     "llamaspec.adaptive",
     "llamaspec.bench.modes",
-    "cli.generate",
+    "llamaspec.cli.generate",
 ]
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from llamaspec.drafters.base import DraftParams
 from llamaspec.engine import Engine
-from llamaspec.errors import UsageError
+from llamaspec.errors import MemoryOpError, UsageError
 from llamaspec.params import SpecParams
 from llamaspec.testing import tiny_eagle as te
 
@@ -94,6 +95,19 @@ def test_no_state_on_attention_target(heads):
         assert e.chain.get_state(0) is None  # only recurrent / hybrid targets save it (spec §4.3)
 
 
+def test_a_refused_draft_trim_is_an_error(heads, monkeypatch):
+    """A draft starts by trimming the draft context back to the deferred row; a memory that refuses (a bug: a
+    KV cache always can) raises MemoryOpError instead of drafting on top of stale rows."""
+    with Engine(heads["target"], draft=heads["eagle3"], spec=spec(3), n_ctx=256, **EXACT) as e:
+        e.generate(PROMPTS[0], n_predict=8)
+        d = e.chain.impls[0]
+        d.pending_pos[0] = 0
+        with monkeypatch.context() as m:
+            m.setattr(e.ctx_dft.memory, "seq_rm", lambda *a: False)
+            with pytest.raises(MemoryOpError, match="refused"):
+                d.draft([DraftParams(drafting=True, n_max=3, id_last=PROMPTS[0][0], pos0=0)])
+
+
 def test_p_min_and_n_min(heads):
     sp = spec(3)
     sp.draft.n_min = 3
@@ -135,7 +149,7 @@ def test_cli_generate_infers_the_head(heads, tmp_path):
 
     from click.testing import CliRunner
 
-    from cli.main import main
+    from llamaspec.cli.main import main
 
     out = tmp_path / "stats.json"
     res = CliRunner().invoke(main, ["generate", "-m", str(heads["target"]), "-md", str(heads["eagle3"]), "-n", "16",

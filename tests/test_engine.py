@@ -150,7 +150,7 @@ def test_bad_requests(tiny_model):
             eng.submit([5], n_predict=-2)
         eng.submit([5], n_predict=3)
         queued = eng.submit([6])  # all slots busy: it waits for one
-        assert queued.state is RequestState.QUEUED and eng.n_queued == 1 and eng.n_deferred == 1
+        assert queued.state is RequestState.QUEUED and eng.metrics()["requests_deferred"] == 1 and eng.n_deferred == 1
     with pytest.raises(UsageError):
         Engine(tiny_model("llama"), n_parallel=0)
 

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from llama_cpp import llama_cpp as native
 
-from cli.main import main
+from llamaspec.cli.main import main
 from llamaspec import _llama as L
 from llamaspec._llama import model as model_mod
 from llamaspec.engine import Engine
@@ -163,9 +163,9 @@ def test_negative_one_and_max_entries_are_accepted(tiny_model, loads):
 
 
 def test_doctests():
-    import cli.device_options
+    import llamaspec.cli.device_options
 
-    for mod in (model_mod, cli.device_options):
+    for mod in (model_mod, llamaspec.cli.device_options):
         assert doctest.testmod(mod).failed == 0
 
 

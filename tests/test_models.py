@@ -567,11 +567,11 @@ def test_derive_from_fetched_model_fetches_source_once(registry, tiny, monkeypat
 
 def _cli(*args):
     try:
-        from cli.main import main
+        from llamaspec.cli.main import main
     except ImportError:  # the main group is another module's job; test ours alone
         import click
 
-        from cli.models import models
+        from llamaspec.cli.models import models
 
         main = click.Group(commands={"models": models})
     return CliRunner().invoke(main, list(args))

@@ -206,7 +206,7 @@ def _two_nextn_qwen35(mtp_models) -> Path:
 def test_cli_draft_mtp_without_md(mtp_models):
     from click.testing import CliRunner
 
-    from cli.main import main as cli
+    from llamaspec.cli.main import main as cli
 
     r = CliRunner().invoke(cli, ["generate", "-m", str(mtp_models["qwen35-mtp"]), "--spec-type", "draft-mtp", "-n", "12",
                                  "--temp", "0", "-t", "1", "hello"])

@@ -387,3 +387,13 @@ def test_cache_stats():
     assert s["max_tokens_per_key"] == 2
     assert s["top_keys"][0] == {"key": [1, 2], "count": 6, "tokens": [(3, 5), (4, 1)]}
     assert len(s["top_keys"]) == 2
+
+
+def test_file_format_docstring_examples():
+    """The worked example of the cache file module (ngram_cache_io: the format split out of ngram_cache)."""
+    import doctest
+
+    from llamaspec.drafters import ngram_cache_io
+
+    res = doctest.testmod(ngram_cache_io, optionflags=doctest.ELLIPSIS)
+    assert res.failed == 0 and res.attempted > 0

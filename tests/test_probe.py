@@ -6,7 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from llamaspec.cli.main import main
 from llamaspec import _llama as L
 from llamaspec.level import Level
 from llamaspec.probe import can_seq_rm, probe, probe_levels

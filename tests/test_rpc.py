@@ -18,7 +18,7 @@ import threading
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from llamaspec.cli.main import main
 from llamaspec._llama import rpc
 from llamaspec.errors import RpcError, UsageError
 from llamaspec.testing.rpc_servers import REPO, RpcServers, child_env, free_port, rpc_build
@@ -93,7 +93,7 @@ def test_protocol_constants_match_the_vendored_header():
     assert f"GGML_RPC_MAX_SERVERS       {rpc.MAX_SERVERS}" in text
     assert "RPC_CMD_HELLO == 14" in src.read_text()
     transport = src.parent / "transport.h"
-    assert f"RPC_CONN_CAPS_SIZE = {rpc._CONN_CAPS_SIZE}" in transport.read_text()
+    assert f"RPC_CONN_CAPS_SIZE = {rpc.CONN_CAPS_SIZE}" in transport.read_text()
 
 
 # -------------------------------------------------------------------------------------------------
@@ -128,8 +128,8 @@ class FakeServer:
             c.settimeout(2)
             req = b""
             try:
-                while len(req) < 1 + 8 + rpc._CONN_CAPS_SIZE:  # ggml sends the command in pieces
-                    part = c.recv(1 + 8 + rpc._CONN_CAPS_SIZE - len(req))
+                while len(req) < 1 + 8 + rpc.CONN_CAPS_SIZE:  # ggml sends the command in pieces
+                    part = c.recv(1 + 8 + rpc.CONN_CAPS_SIZE - len(req))
                     if not part:
                         break
                     req += part
@@ -151,8 +151,8 @@ class FakeServer:
         self.sock.close()
 
 
-def _hello_reply(major, minor, patch, size=4 + rpc._CONN_CAPS_SIZE):
-    body = bytes([major, minor, patch, 0]) + bytes(rpc._CONN_CAPS_SIZE)
+def _hello_reply(major, minor, patch, size=4 + rpc.CONN_CAPS_SIZE):
+    body = bytes([major, minor, patch, 0]) + bytes(rpc.CONN_CAPS_SIZE)
     return lambda req: struct.pack("<Q", size) + body[:size]
 
 
@@ -174,7 +174,7 @@ def test_hello_speaks_the_wire_format(fake):
     s = fake(_hello_reply(rpc.PROTO_MAJOR, rpc.PROTO_MINOR, 3))
     assert rpc.check_server(s.endpoint, timeout=2) == (rpc.PROTO_MAJOR, rpc.PROTO_MINOR, 3)
     cmd, size = struct.unpack("<BQ", s.requests[0][:9])
-    assert (cmd, size, s.requests[0][9:]) == (14, rpc._CONN_CAPS_SIZE, bytes(rpc._CONN_CAPS_SIZE))  # plain TCP
+    assert (cmd, size, s.requests[0][9:]) == (14, rpc.CONN_CAPS_SIZE, bytes(rpc.CONN_CAPS_SIZE))  # plain TCP
 
 
 @pytest.mark.parametrize("version,ok", [((7, 0, 9), True), ((6, 0, 0), False), ((8, 0, 0), False), ((7, 1, 0), False)])
@@ -351,7 +351,8 @@ CHILD = textwrap.dedent(r'''
         with Engine(a["target"], n_ctx=64) as loc:  # local models still work in this process
             out["local_after"] = len(loc.generate("tok_1", n_predict=3, sampling=greedy).tokens)
     elif a["case"] == "ggml_handshake":
-        L.rpc.check_server = lambda *x, **k: None  # let ggml meet the wrong version itself
+        from llamaspec._llama import rpc_protocol
+        rpc_protocol.check_server = lambda *x, **k: None  # let ggml meet the wrong version itself (rpc_devices looks it up there)
         try:
             L.rpc.devices([a["endpoint"]])
             out["error"] = None
@@ -431,7 +432,7 @@ def test_server_that_stops_answering_times_out(servers, tiny_model):
 @needs_rpc
 def test_cli_unreachable_server_one_line(tiny_model):
     port = free_port()
-    p = subprocess.run([sys.executable, "-m", "cli.main", "generate", "x", "-m", str(tiny_model("llama")), "-n", "2",
+    p = subprocess.run([sys.executable, "-m", "llamaspec.cli.main", "generate", "x", "-m", str(tiny_model("llama")), "-n", "2",
                         "--rpc", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60,
                        env=child_env(RPC_LIB), cwd=str(REPO))
     assert p.returncode == 1, p.stderr
@@ -449,7 +450,7 @@ def test_version_mismatch_ours_and_ggmls(fake):
 
 @needs_rpc
 def test_probe_reports_devices_and_curve(servers, tiny_model):
-    p = subprocess.run([sys.executable, "-m", "cli.main", "probe", str(tiny_model("llama")), "--json",
+    p = subprocess.run([sys.executable, "-m", "llamaspec.cli.main", "probe", str(tiny_model("llama")), "--json",
                         "--rpc", ",".join(servers.endpoints), "-ts", "1,1", "-t", "1"],
                        capture_output=True, text=True, timeout=180, env=child_env(RPC_LIB), cwd=str(REPO))
     assert p.returncode == 0, p.stderr[-2000:]

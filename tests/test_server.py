@@ -45,7 +45,7 @@ class Server:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        cmd = [sys.executable, "-m", "cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
+        cmd = [sys.executable, "-m", "llamaspec.cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._fh = open(log, "wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._fh, stderr=subprocess.STDOUT, env=env)
@@ -516,17 +516,17 @@ def test_health_503_after_an_rpc_server_failed(monkeypatch):
 
 
 def test_startup_errors_are_one_line(tiny_model):
-    r = subprocess.run([sys.executable, "-m", "cli.main", "serve", "-m", "/no/such/model.gguf", "--port", "0"],
+    r = subprocess.run([sys.executable, "-m", "llamaspec.cli.main", "serve", "-m", "/no/such/model.gguf", "--port", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode in (1, 2) and r.stderr.count("error:") == 1 and "Traceback" not in r.stderr, r.stderr
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "cli.main", "serve", "-m", str(tiny_model("llama")), "--port", str(port)],
+        r = subprocess.run([sys.executable, "-m", "llamaspec.cli.main", "serve", "-m", str(tiny_model("llama")), "--port", str(port)],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "cannot listen" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "cli.main", "serve", "-m", str(tiny_model("llama")), "--port", "0",
+    r = subprocess.run([sys.executable, "-m", "llamaspec.cli.main", "serve", "-m", str(tiny_model("llama")), "--port", "0",
                         "--api-key-file", "/no/such/keys"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "api-key-file" in r.stderr, r.stderr
 

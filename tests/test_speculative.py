@@ -202,7 +202,7 @@ def test_statistics_equal_hand_count(tiny_model, plain, kind, corrected):
 def test_rejection_sampling_matches_target_distribution(tiny_model):
     """Joint distribution of the first two emitted tokens (the second one is verified by rejection sampling
     against a deliberately different draft) equals the target's: chi-square over a fixed seed set."""
-    from llamaspec.verify import probs_from_logits
+    from reference_probs import probs_from_logits
 
     prompt = [1, 5, 9, 13]
     sp = dict(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
@@ -340,7 +340,7 @@ def test_draft_kv_reuse_keeps_output_and_skips_reeval(tiny_model, plain, n_paral
     p.draft.reuse_kv = True
     with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=p, n_ctx=256, n_parallel=n_parallel,
                 **EXACT) as e:
-        assert e._keep_draft_kv
+        assert e.rollback_dft.reuse_kv
         if n_parallel == 1:
             req = e.submit(PROMPTS[0], n_predict=N)
             slot = req.slot
@@ -360,5 +360,5 @@ def test_draft_kv_reuse_off_for_full_draft_memory(tiny_model, plain):
     p = spec(3)
     p.draft.reuse_kv = True
     with Engine(tiny_model("mamba"), draft=tiny_model("mamba-draft"), spec=p, n_ctx=256, **EXACT) as e:
-        assert not e._keep_draft_kv and not e.chain.impls[0].reuse_kv
+        assert not e.rollback_dft.reuse_kv and not e.chain.impls[0].reuse_kv
         assert e.generate(PROMPTS[0], n_predict=N).tokens == plain("mamba")

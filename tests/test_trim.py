@@ -201,7 +201,7 @@ def test_engine_trims_when_asked_and_caches(tiny_model, tmp_path, monkeypatch):
 def test_cli_flag(tiny_model, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from cli.main import main
+    from llamaspec.cli.main import main
 
     monkeypatch.setenv("LLAMASPEC_CACHE", str(tmp_path))
     args = ["generate", "tok_5 tok_9 tok_3", "-m", str(tiny_model("llama")), "-md", str(tiny_model("llama-draft")),

@@ -8,24 +8,23 @@ import math
 import numpy as np
 import pytest
 
-import llamaspec.verify.probs
 import llamaspec.verify.rules
 import llamaspec.verify.verifiers
+import reference_probs
 from llamaspec.synth import Mt19937Uniform
 from llamaspec.verify import (
     VerifyResult,
-    draft_probs,
-    probs_from_logits,
     rejection_verify,
     replay,
     sample_and_match,
     sample_from_probs,
 )
+from reference_probs import draft_probs, probs_from_logits
 
 
 def test_doctests():
     attempted = 0
-    for mod in (llamaspec.verify.rules, llamaspec.verify.probs, llamaspec.verify.verifiers):
+    for mod in (llamaspec.verify.rules, reference_probs, llamaspec.verify.verifiers):
         res = doctest.testmod(mod)
         assert res.failed == 0, mod.__name__
         attempted += res.attempted
@@ -139,7 +138,7 @@ def chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
     return float(((counts[keep] - expected) ** 2 / expected).sum()), int(keep.sum() - 1)
 
 
-def run_rounds(p_tgt, p_dft, n_runs=N_RUNS, mask=None):
+def run_rounds(p_tgt, p_dft, n_runs=N_RUNS):
     """One verification round per seed: the draft tokens are sampled from p_dft with the draft's own stream
     (seed XOR 0x85ebca6b, as the retuned draft sampler), the decisions use the target's stream (seed)."""
     results = []
@@ -148,7 +147,7 @@ def run_rounds(p_tgt, p_dft, n_runs=N_RUNS, mask=None):
         u_tgt.reseed(seed)
         u_dft.reseed(seed ^ 0x85EBCA6B)
         draft = [sample_from_probs(q, u_dft.next()) for q in p_dft]
-        results.append(rejection_verify(p_tgt, draft, p_dft, u_tgt, mask=mask))
+        results.append(rejection_verify(p_tgt, draft, p_dft, u_tgt))
     return results
 
 
@@ -190,13 +189,16 @@ def test_rejection_draft_equals_target_accepts_everything():
         assert r.n_accepted == 3 and r.bonus and not r.recovered and len(r.tokens) == 4
 
 
-def test_rejection_grammar_mask_matches_renormalised_target():
+def test_rejection_grammar_masked_target():
+    """A grammar is part of the target's distribution (TargetSampler.probs: zero outside what it allows,
+    renormalised), not of the draft's: the emitted token follows the masked target, and a forbidden token the
+    draft proposes is never emitted."""
     mask0 = np.array([True, False, True, True, False, True])  # the grammar forbids tokens 1 and 4 at row 0
-    masks = [mask0, None, None, None]
-    rounds = run_rounds(P_TGT, P_DFT, n_runs=8_000, mask=masks)
+    masked = np.where(mask0, P_TGT[0], 0.0)
+    p_tgt = np.vstack([masked / masked.sum(), P_TGT[1:]])
+    rounds = run_rounds(p_tgt, P_DFT, n_runs=8_000)
     counts = np.bincount([r.tokens[0] for r in rounds], minlength=V)
-    target = np.where(mask0, P_TGT[0], 0.0)
-    stat, df = chi_square(counts, target / target.sum())
+    stat, df = chi_square(counts, p_tgt[0])
     assert df == 3 and stat < CHI2_CRIT_999[df], (stat, counts)
     # token 4 has p_dft = 0.25 but is forbidden: it is never accepted
     assert counts[4] == 0 and counts[1] == 0
@@ -263,9 +265,8 @@ def test_rejection_input_errors():
         rejection_verify(P_TGT, [9], [np.ones(V)], lambda: 0.5)
     # vocabularies of different sizes (padded): ids are compared, not positions
     assert rejection_verify(P_TGT, [1], [np.ones(3)], lambda: 0.0).n_accepted == 1
-    with pytest.raises(ValueError, match="no mass on the tokens the grammar allows"):
-        rejection_verify(np.array([[1.0, 0, 0]] * 2), [0], [np.ones(3)], lambda: 0.5,
-                         mask=[np.array([False, True, True]), None])
+    with pytest.raises(ValueError, match="p_tgt of row 0 has no mass"):
+        rejection_verify(np.zeros((2, 3)), [0], [np.ones(3)], lambda: 0.5)
 
 
 def test_rejection_sparse_equals_dense():

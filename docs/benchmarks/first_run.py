@@ -40,7 +40,7 @@ QUIET = 0.25  # cores other processes may use before and during a run (with --wa
 NICE = -10  # the runs' priority: the shared machine's other jobs (test suites, builds) must not set the timings
 WAIT = False
 EXTRA: list[str] = []  # more generate flags for every run (--extra="--temp 0")
-EXE = [sys.executable, "-m", "cli.main"]
+EXE = [sys.executable, "-m", "llamaspec"]
 
 
 def _cpu_busy_s() -> float:

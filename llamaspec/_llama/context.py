@@ -322,9 +322,6 @@ class Context(_Owned):
             return rpc.call(fn, *args, what=what, timeout=rpc.DECODE_TIMEOUT_S)
         return fn(*args)
 
-    def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
-        native.llama_set_n_threads(self.live_ptr(), n_threads, n_threads_batch or n_threads)
-
     # -- state ----------------------------------------------------------------------------------
     def state_seq_size(self, seq_id: int, flags: int = STATE_FLAGS_NONE) -> int:
         return int(native.llama_state_seq_get_size_ext(self.live_ptr(), seq_id, flags))

@@ -1,4 +1,4 @@
-"""Loaded GGUF models and their vocabularies.
+"""Loaded GGUF models (their vocabularies: :mod:`.vocab`, :class:`Vocab` also importable from here).
 
 Lifetime rules (a native model must outlive every context and grammar sampler made from it):
 
@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import threading
-import weakref
 from pathlib import Path
 from typing import Sequence
 
@@ -26,7 +25,9 @@ from llama_cpp import llama_cpp as native
 
 from ..errors import LlamaSpecError, ModelFormatError, UsageError
 from . import rpc
+from .cpu_features import use_extra_buffers
 from .log import _forget_native_errors, _last_native_error, backend_init
+from .vocab import Vocab
 
 TOKEN_NULL = -1
 
@@ -129,118 +130,6 @@ class _Owned:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Vocab
-# ---------------------------------------------------------------------------------------------------
-
-
-class Vocab:
-    """Tokenizer and token metadata of a :class:`Model` (usable while the model is open).
-
-    Thread-safe for reading: every call uses its own output buffer.
-    """
-
-    def __init__(self, model: "Model"):
-        self._model_ref = weakref.ref(model)  # weak: Model.vocab -> Vocab is the strong edge
-        self._model_name = model.path.name
-        self._ptr = native.llama_model_get_vocab(model.live_ptr())
-        ptr = self._ptr
-        self.n_tokens: int = int(native.llama_vocab_n_tokens(ptr))
-        self.type: int = int(native.llama_vocab_type(ptr))
-        self.bos: int = int(native.llama_vocab_bos(ptr))
-        self.eos: int = int(native.llama_vocab_eos(ptr))
-        self.eot: int = int(native.llama_vocab_eot(ptr))
-        self.add_bos: bool = bool(native.llama_vocab_get_add_bos(ptr))
-        self.add_eos: bool = bool(native.llama_vocab_get_add_eos(ptr))
-        self._eog_cache: dict[int, bool] = {}
-        self._eog_all: tuple[int, ...] | None = None
-
-    @property
-    def model(self) -> "Model":
-        """The owning model; :class:`LlamaSpecError` when it was closed or dropped."""
-        model = self._model_ref()
-        if model is None or not model.ptr:
-            raise self._closed()
-        return model
-
-    @property
-    def ptr(self):
-        """The native ``llama_vocab *``; :class:`LlamaSpecError` when the model was closed or dropped."""
-        model = self._model_ref()
-        if model is None or not model.ptr:
-            raise self._closed()
-        return self._ptr
-
-    def _closed(self) -> LlamaSpecError:
-        return LlamaSpecError(f"model {self._model_name} is closed: its vocabulary can no longer be used")
-
-    @property
-    def suppress_tokens(self) -> list[int]:
-        """Model-specific tokens a sampler must never pick (``tokenizer.ggml.suppress_tokens``)."""
-        n = ctypes.c_int32(0)
-        p = native.llama_vocab_get_suppress_tokens(self.ptr, ctypes.byref(n))
-        return [int(p[i]) for i in range(n.value)] if p and n.value > 0 else []
-
-    def is_eog(self, token: int) -> bool:
-        r = self._eog_cache.get(token)
-        if r is None:
-            r = bool(native.llama_vocab_is_eog(self.ptr, token))
-            self._eog_cache[token] = r
-        return r
-
-    def eog_tokens(self) -> tuple[int, ...]:
-        """Every end-of-generation token id (computed once per vocabulary)."""
-        if self._eog_all is None:
-            ptr = self.ptr
-            self._eog_all = tuple(t for t in range(self.n_tokens) if native.llama_vocab_is_eog(ptr, t))
-        return self._eog_all
-
-    def is_control(self, token: int) -> bool:
-        return bool(native.llama_vocab_is_control(self.ptr, token))
-
-    def get_text(self, token: int) -> bytes:
-        """Raw vocabulary text of a token (what spec §11 compares byte for byte)."""
-        t = native.llama_vocab_get_text(self.ptr, token)
-        return t if t is not None else b""
-
-    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        ptr = self.ptr
-        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-        n_max = len(data) + 8
-        buf = (native.llama_token * n_max)()
-        n = native.llama_tokenize(ptr, data, len(data), buf, n_max, add_special, parse_special)
-        if n < 0:
-            n_max = -n
-            buf = (native.llama_token * n_max)()
-            n = native.llama_tokenize(ptr, data, len(data), buf, n_max, add_special, parse_special)
-            if n < 0:
-                raise LlamaSpecError(f"tokenization failed (llama_tokenize returned {n})")
-        return list(buf[:n])
-
-    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
-        ptr = self.ptr
-        buf = ctypes.create_string_buffer(64)  # per call: two threads may detokenize at once
-        n = native.llama_token_to_piece(ptr, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = native.llama_token_to_piece(ptr, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
-
-    def detokenize(self, tokens: Sequence[int], *, remove_special: bool = False, unparse_special: bool = False) -> str:
-        if not tokens:
-            return ""
-        ptr = self.ptr
-        arr = (native.llama_token * len(tokens))(*tokens)
-        cap = max(64, 8 * len(tokens))
-        out = ctypes.create_string_buffer(cap)
-        n = native.llama_detokenize(ptr, arr, len(tokens), out, cap, remove_special, unparse_special)
-        if n < 0:
-            cap = -n
-            out = ctypes.create_string_buffer(cap)
-            n = native.llama_detokenize(ptr, arr, len(tokens), out, cap, remove_special, unparse_special)
-        return out.raw[:n].decode("utf-8", errors="replace")
-
-
-# ---------------------------------------------------------------------------------------------------
 # Model
 # ---------------------------------------------------------------------------------------------------
 
@@ -327,6 +216,7 @@ class Model(_Owned):
         if not use_mmap:  # this llama.cpp has load_mode (no use_mmap field: assigning one is silently ignored)
             params.load_mode = native.LLAMA_LOAD_MODE_NONE
         params.vocab_only = vocab_only
+        params.use_extra_bufts = use_extra_buffers()
         if hasattr(params, "load_mtp"):
             params.load_mtp = load_mtp
         #: loaded with its MTP (nextn) blocks: an MTP context on a model without them aborts llama.cpp
@@ -391,19 +281,6 @@ class Model(_Owned):
             buf = ctypes.create_string_buffer(n + 1)
             native.llama_model_meta_val_str(ptr, key.encode("utf-8"), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace")
-
-    def meta_all(self) -> dict[str, str]:
-        ptr = self.live_ptr()
-        out: dict[str, str] = {}
-        n = int(native.llama_model_meta_count(ptr))
-        kbuf = ctypes.create_string_buffer(256)
-        vbuf = ctypes.create_string_buffer(1024)
-        for i in range(n):
-            if native.llama_model_meta_key_by_index(ptr, i, kbuf, len(kbuf)) < 0:
-                continue
-            native.llama_model_meta_val_str_by_index(ptr, i, vbuf, len(vbuf))
-            out[kbuf.value.decode("utf-8", "replace")] = vbuf.value.decode("utf-8", "replace")
-        return out
 
     @property
     def is_swa(self) -> bool:

@@ -161,30 +161,6 @@ class Sampler(_Owned):
             ctx.logits_ptr(idx)
         return int(native.llama_sampler_sample(ptr, ctx_ptr, idx))
 
-    def sample_no_accept(self, ctx: Context, idx: int) -> int:
-        """Sample from batch row ``idx`` **without** accepting the token into the chain (the random state of
-        ``dist`` still advances). For replay and synthetic acceptance, where the accepted token is another."""
-        ptr = self.live_ptr()
-        logits = ctx.logits(idx)
-        n = logits.shape[0]
-        buf = getattr(self, "_cand", None)
-        if buf is None or buf.shape[0] != n:
-            buf = np.zeros(n, dtype=self._TOKEN_DATA)
-            buf["id"] = np.arange(n, dtype=np.int32)
-            self._cand = buf
-        else:
-            buf["id"] = np.arange(n, dtype=np.int32)
-        buf["logit"] = logits
-        buf["p"] = 0.0
-        arr = native.llama_token_data_array(
-            data=buf.ctypes.data_as(native.llama_token_data_p), size=n, selected=-1, sorted=False
-        )
-        native.llama_sampler_apply(ptr, ctypes.byref(arr))
-        if not 0 <= arr.selected < arr.size:
-            raise SamplerError("the sampler chain selected no token")
-        data = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_int32)), shape=(arr.size * 3,))
-        return int(data[arr.selected * 3])
-
     def accept(self, token: int) -> None:
         native.llama_sampler_accept(self.live_ptr(), token)
 

@@ -1,9 +1,11 @@
 """``llamaspec bench``: llamaspec side by side with native llama.cpp and llama-cpp-python, in one run.
 
 ``prompts`` (the shipped prompt set), ``modes`` (plain / drafter types / synthetic / prompt lookup),
-``runners`` (one per engine), ``native`` (llama-server and llama-speculative-simple), ``stats`` (pure
-arithmetic: aggregation, speedup model, divergences), ``report`` (markdown, JSON, PNG, rich table) and
-``core`` (the interleaved run). The command line lives in ``cli/bench.py``.
+``config`` (:class:`BenchConfig`), ``runners`` (one per engine), ``native`` (llama-server and
+llama-speculative-simple), ``measure`` (machine, verify-cost curve), ``execute`` (models, runners, the
+interleaved schedule), ``stats`` (pure arithmetic: aggregation, speedup model, divergences), ``analysis``
+(output checks, summaries), ``report`` (the report dictionary; markdown, JSON, PNG, rich table) and ``core``
+(the run, step by step). The command line lives in ``llamaspec/cli/bench.py``.
 """
 from .core import BenchConfig, run_benchmark
 from .modes import Mode, parse_modes

@@ -1,13 +1,64 @@
-"""Rendering of the report dictionary: markdown, JSON, PNG plot (all written atomically) and a rich table."""
+"""The report dictionary (:func:`build_report`) and its rendering: markdown, JSON, PNG plot (all written
+atomically) and a rich table."""
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import os
-from typing import Callable
+import time
+from typing import TYPE_CHECKING, Callable
 
 from .._io import write_atomic  # noqa: F401  (re-exported for callers of report.write_atomic)
 from ..errors import UsageError
 from .prompts import CATEGORIES
+
+if TYPE_CHECKING:
+    from .config import BenchConfig, Resolved
+    from .execute import Outcome
+
+SCHEMA_VERSION = 1
+
+
+def build_report(cfg: BenchConfig, res: Resolved, out: Outcome, *, summary: dict, reference: str, machine: dict,
+                 t_start: float, file_type: str | None, gpu_offload: bool) -> dict:
+    """The JSON-serialisable report of a run: settings, costs, skipped runs and errors, the summary rows, the
+    equality check against ``reference`` and every run (without its tokens)."""
+    errors = [{"engine": r.engine, "mode": r.mode, "prompt_id": r.prompt_id, "repeat": r.repeat, "error": r.error}
+              for r in out.results if r.error]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": cfg.command,
+        "duration_s": round(time.time() - t_start, 1),
+        "machine": machine,
+        "settings": {
+            "pair": cfg.pair, "target": cfg.target_name or cfg.target, "draft": cfg.draft_name or cfg.draft,
+            "target_path": cfg.target, "draft_path": cfg.draft, "target_file_type": file_type,
+            "modes": [m.name for m in cfg.modes], "engines": list(cfg.engines),
+            "prompts": cfg.prompts_file or "shipped (llamaspec/bench/prompts.jsonl)", "n_prompts": len(cfg.prompts),
+            "prompt_tokens": {p.id: len(p.tokens) for p in out.prompts},
+            "n_predict": cfg.n_predict, "repeats": cfg.repeats, "n_ctx": cfg.n_ctx, "n_batch": cfg.n_batch,
+            "threads": res.threads, "threads_batch": res.threads_batch, "threads_draft": res.threads_draft,
+            "n_gpu_layers": cfg.n_gpu_layers, "n_gpu_layers_draft": res.n_gpu_layers_draft, "main_gpu": cfg.main_gpu,
+            "split_mode": cfg.split_mode, "tensor_split": list(cfg.tensor_split) if cfg.tensor_split else None,
+            "rpc_servers": list(cfg.rpc_servers or []), "rpc_servers_draft": list(cfg.rpc_servers_draft or []),
+            "gpu_offload_supported": gpu_offload, "flash_attn": cfg.flash_attn, "kv_cache": "f16", "sampling": "greedy (temp 0)",
+            "seed": cfg.seed, "warmup": cfg.warmup, "quick": cfg.quick,
+            "draft_n_max": cfg.spec.draft.n_max, "draft_n_min": cfg.spec.draft.n_min,
+            "ngram_mod": vars(cfg.spec.ngram_mod).copy(), "ngram_simple": vars(cfg.spec.ngram_simple).copy(),
+            "ngram_map_k": vars(cfg.spec.ngram_map_k).copy(), "near_tie_tol": cfg.near_tie_tol,
+            "schedule": "per prompt, every configuration back to back; order reversed on odd repeats (A B C, C B A)",
+        },
+        "native_commands": out.commands,
+        "costs": out.costs,
+        "notes": out.plan.notes,
+        "skipped": out.plan.skipped,
+        "errors": errors,
+        **summary,
+        "equality": {"reference": reference, "n_compared": out.n_checked, "divergences": out.divergences,
+                     "stats_parity": out.parity},
+        "runs": [r.to_dict(with_tokens=False) for r in out.results],
+    }
 
 
 def write_json(report: dict, path: str | os.PathLike) -> None:

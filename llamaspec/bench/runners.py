@@ -6,11 +6,13 @@ Models are loaded once per runner and reused by every run.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from .. import _llama as llama
+from .._llama import lcp
 from ..params import SpecParams
 from .modes import Mode
 from .native import (SERVER, SPEC_SIMPLE, NativeSettings, Server, common_args, draft_device_args, find_tool,
@@ -18,6 +20,8 @@ from .native import (SERVER, SPEC_SIMPLE, NativeSettings, Server, common_args, d
 from .stats import RunResult
 
 ENGINES = ("llamaspec", "native", "llama-cpp-python", "native-server")
+
+log = logging.getLogger("llamaspec")
 
 
 @dataclass(frozen=True)
@@ -51,13 +55,11 @@ class RunSettings:
 
 def _lcp_placement(s: RunSettings) -> dict:
     """llama-cpp-python ``Llama`` arguments for the multi-GPU placement (only those that were set)."""
-    import llama_cpp
-
     out: dict = {}
     if s.main_gpu is not None:
         out["main_gpu"] = s.main_gpu
     if s.split_mode is not None:
-        out["split_mode"] = getattr(llama_cpp, f"LLAMA_SPLIT_MODE_{s.split_mode.upper()}")
+        out["split_mode"] = lcp.split_mode(s.split_mode)
     if s.tensor_split is not None:
         out["tensor_split"] = list(s.tensor_split)
     return out
@@ -309,27 +311,23 @@ class LlamaCppPythonRunner(Runner):
     def prepare(self, mode: Mode) -> None:
         if mode.name in self.llms:
             return
-        from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         draft = None
         if mode.kind == "lookup":
-            draft = _CountingLookup(LlamaPromptLookupDecoding(num_pred_tokens=mode.lookup_n))
+            draft = _CountingLookup(lcp.prompt_lookup_decoding(mode.lookup_n))
             self.drafts[mode.name] = draft
-        self.llms[mode.name] = Llama(
+        self.llms[mode.name] = lcp.load_llama(
             self.target, n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, n_ubatch=self.s.n_batch, n_threads=self.s.threads,
             n_threads_batch=self.s.threads_batch or self.s.threads, flash_attn=self.s.flash_attn, seed=self.s.seed,
             n_gpu_layers=self.s.n_gpu_layers, draft_model=draft, verbose=False, **_lcp_placement(self.s))
 
     def run(self, mode: Mode, prompt: BenchPrompt, n_predict: int, repeat: int) -> RunResult:
-        import llama_cpp
-
         self.prepare(mode)
         llm = self.llms[mode.name]
         draft = self.drafts.get(mode.name)
         if draft is not None:
             draft.calls.clear()
-        vocab = llm._model.vocab
+        is_eog = lcp.eog_test(llm)
         llm.reset()
         out: list[int] = []
         t0 = time.perf_counter()
@@ -340,7 +338,7 @@ class LlamaCppPythonRunner(Runner):
                 if t_first is None:
                     t_first = time.perf_counter()
                 out.append(int(tok))
-                if llama_cpp.llama_vocab_is_eog(vocab, tok) or len(out) >= n_predict:
+                if is_eog(tok) or len(out) >= n_predict:
                     break
         finally:
             gen.close()
@@ -358,6 +356,6 @@ class LlamaCppPythonRunner(Runner):
         for llm in self.llms.values():
             try:
                 llm.close()
-            except Exception:  # pragma: no cover - best effort
-                pass
+            except Exception as ex:  # pragma: no cover - best effort
+                log.warning("bench: closing a llama-cpp-python Llama failed (skipped): %s", ex)
         self.llms.clear()

@@ -134,7 +134,7 @@ def make_server(engine: str, cfg: ServerBenchConfig, log_dir: str) -> HttpServer
         # llamaspec's defaults (the draft length adaptive up to n_max), except on the tiny random models of
         # --quick, whose draft costs as much as its target: there the fixed length keeps the drafts measurable
         own = ["--no-spec-draft-adaptive"] if cfg.quick else []
-        return HttpServer("llamaspec serve", lambda port: [sys.executable, "-m", "cli.main", "serve", "-m", str(cfg.target),
+        return HttpServer("llamaspec serve", lambda port: [sys.executable, "-m", "llamaspec.cli.main", "serve", "-m", str(cfg.target),
                                                            "--host", LOOPBACK, "--port", str(port), *common, *own],
                           log_dir, env=env)
     binary = find_tool(SERVER, cfg.native_dir)
@@ -261,9 +261,9 @@ def run_server_benchmark(cfg: ServerBenchConfig, progress: Callable[[str], None]
 
 
 def _machine() -> dict:
-    from .core import _machine as m
+    from .measure import machine_info
 
-    return m()
+    return machine_info()
 
 
 def summarise_server_runs(runs: Sequence[dict]) -> list[dict]:

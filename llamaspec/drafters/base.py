@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
@@ -119,3 +119,32 @@ def seq_spans(rows: "Sequence[Row]") -> dict[int, list[int]]:
             sp[1] = i
     return spans
 
+
+# -- shared by the model drafters (draft-simple, MTP, EAGLE-3, DFlash) ----------------------------------------
+
+def suppress_array(tokens: Iterable[int]) -> np.ndarray | None:
+    """The token ids a drafter must never propose (the vocabulary's suppress list, llama.cpp's -inf logit
+    bias, plus any the drafter adds), sorted and unique, as the ``suppress`` argument of
+    :func:`~llamaspec.drafters.draft_model.top_candidate`; None when there are none.
+
+    >>> suppress_array([7, 3, 7]), suppress_array([])
+    (array([3, 7]), None)
+    """
+    ids = sorted({int(t) for t in tokens})
+    return np.array(ids, dtype=np.int64) if ids else None
+
+
+def drop_short(dp: DraftParams, n_min: int) -> None:
+    """``n_min`` (llama.cpp's ``draft.n_min``): a draft shorter than ``n_min`` tokens is no draft (its
+    ``probs`` go with it). ``n_min <= 0``: every draft is kept.
+
+    >>> dp = DraftParams(result=[4, 5], probs=[None, None])
+    >>> drop_short(dp, 2); dp.result
+    [4, 5]
+    >>> drop_short(dp, 3); dp.result, dp.probs
+    ([], [])
+    """
+    if n_min > 0 and len(dp.result) < n_min:
+        dp.result.clear()
+        if dp.probs is not None:
+            dp.probs.clear()

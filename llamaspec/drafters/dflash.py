@@ -29,8 +29,9 @@ import numpy as np
 from .. import _llama as llama
 from .._llama import ext
 from ..errors import DecodeError, UsageError
+from ..memory import SeqMemory
 from ..params import DraftModelParams
-from .base import DraftParams, Drafter, seq_spans
+from .base import DraftParams, Drafter, drop_short, seq_spans, suppress_array
 from .draft_model import top_candidate
 from .eagle3 import check_head_target
 
@@ -100,12 +101,12 @@ class DFlash(Drafter):
             ext.set_embeddings_layer_inp(ctx_tgt, lid, True)
         ext.set_embeddings_nextn(ctx_dft, True, masked=not self.is_dflash2)
         ext.set_causal_attn(ctx_dft, self.causal_attn)
-        sup = sorted(set(m_dft.vocab.suppress_tokens))
-        self._suppress = np.array(sup, dtype=np.int64) if sup else None
+        self._suppress = suppress_array(m_dft.vocab.suppress_tokens)
+        self.mem = SeqMemory(ctx_dft)  # read only (begin's check); the draft rollback trims
 
     # -- protocol -------------------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
-        pm = self.ctx_dft.memory.pos_max(seq_id)
+        pm = self.mem.pos_max(seq_id)
         if pm < len(prompt) - 1:
             log.warning("%s: the draft context of seq %d holds positions up to %d, the prompt has %d tokens "
                         "(was every target batch passed to process?)", self.type, seq_id, pm, len(prompt))
@@ -184,9 +185,7 @@ class DFlash(Drafter):
                     if p < p_min:
                         break
                     dp.result.append(tok)
-            n_min = dp.n_min_or(self.n_min)
-            if n_min > 0 and len(dp.result) < n_min:
-                dp.result.clear()
+            drop_short(dp, dp.n_min_or(self.n_min))
 
     def _draft_lattice(self, dp: DraftParams, b: int, n_block: int, n_rows: int, p_min: float) -> None:
         """DFlash2: row i of the nextn output holds K candidate ids, then K x K transition scores."""

@@ -21,12 +21,13 @@ from typing import Sequence
 import numpy as np
 
 from .. import _llama as llama
-from ..errors import DecodeError, LlamaSpecError, UsageError, VocabMismatchError
+from ..errors import DecodeError, UsageError, VocabMismatchError
+from ..memory import SeqMemory
 from ..params import DraftModelParams
 from ..models.trim import SOURCE_IDS_KEY, SOURCE_N_KEY, source_ids
 from .vocab_slots import VocabSlots
 from ..vocab import check_vocab_compat, incompatibility_message, is_compatible
-from .base import DraftParams, Drafter
+from .base import DraftParams, Drafter, drop_short, suppress_array
 
 log = logging.getLogger("llamaspec")
 
@@ -125,6 +126,8 @@ class DraftSimple(Drafter):
         self.params = params
         self.ctx_tgt = ctx_tgt
         self.ctx_dft = ctx_dft
+        #: the draft context's memory, for what ``reuse_kv`` left there (checked trims)
+        self.mem = SeqMemory(ctx_dft)
         self.n_max = params.n_max
         self._sample: list[_SampleCfg | None] = [None] * n_seq
         #: with ``reuse_kv``: per seq, (pos0, tokens decoded in the draft context by the last draft())
@@ -140,8 +143,7 @@ class DraftSimple(Drafter):
         to_tgt = self._to_tgt
         past = (range(self.n_vocab_tgt, n_vocab_dft) if to_tgt is None
                 else np.flatnonzero((to_tgt >= self.n_vocab_tgt) | (to_tgt < 0)).tolist())  # free rows too
-        sup = sorted(set(self.ctx_dft.model.vocab.suppress_tokens) | set(past))
-        self._suppress = np.array(sup, dtype=np.int64) if sup else None
+        self._suppress = suppress_array([*self.ctx_dft.model.vocab.suppress_tokens, *past])
 
     def _dft_rows(self, rows: Sequence[llama.Row], out_last: bool | None = None) -> list[llama.Row]:
         """``rows`` (target ids) in the draft's ids: a trimmed draft first gives run-time rows to tokens it
@@ -207,7 +209,8 @@ class DraftSimple(Drafter):
     def _skip_decoded(self, rows: Sequence[llama.Row]) -> list[llama.Row]:
         """``reuse_kv``: drop the leading rows of each seq that drafting already decoded at the same positions
         (the verification batch starts with ``id_last`` at ``pos0``, then the draft); whatever drafting decoded
-        beyond the matching prefix is removed from the draft context before the rest is decoded."""
+        beyond the matching prefix is removed from the draft context before the rest is decoded (a refused trim
+        raises :class:`~llamaspec.errors.MemoryOpError`)."""
         out: list[llama.Row] = []
         i, n = 0, len(rows)
         while i < n:
@@ -223,15 +226,13 @@ class DraftSimple(Drafter):
                 if group[0].pos == pos0:
                     while k < len(group) and k < len(toks) and group[k].token == toks[k] and group[k].pos == pos0 + k:
                         k += 1
-                if not self.ctx_dft.memory.seq_rm(seq, pos0 + k, -1):
-                    raise LlamaSpecError(f"draft-simple: could not trim the draft context of seq {seq} at {pos0 + k}")
+                self.mem.trim(seq, pos0 + k)
                 self._decoded[seq] = None
             out.extend(group[k:])
             i = j
         for seq, dec in enumerate(self._decoded):  # drafted but not in this batch: drop what drafting added
             if dec is not None:
-                if not self.ctx_dft.memory.seq_rm(seq, dec[0], -1):
-                    raise LlamaSpecError(f"draft-simple: could not trim the draft context of seq {seq} at {dec[0]}")
+                self.mem.trim(seq, dec[0])
                 self._decoded[seq] = None
         return out
 
@@ -305,10 +306,4 @@ class DraftSimple(Drafter):
             active = next_active
             i += 1
         for s in requested:
-            dp = params[s]
-            n_min = dp.n_min_or(self.params.n_min)
-            if n_min > 0:
-                if len(dp.result) < n_min:
-                    dp.result.clear()
-                    if dp.probs is not None:
-                        dp.probs.clear()
+            drop_short(params[s], params[s].n_min_or(self.params.n_min))

@@ -32,8 +32,9 @@ import numpy as np
 from .. import _llama as llama
 from .._llama import ext
 from ..errors import DecodeError, UsageError
+from ..memory import SeqMemory
 from ..params import DraftModelParams
-from .base import DraftParams, Drafter, seq_spans
+from .base import DraftParams, Drafter, drop_short, seq_spans, suppress_array
 from .draft_model import top_candidate
 
 log = logging.getLogger("llamaspec")
@@ -120,8 +121,10 @@ class Eagle3(Drafter):
         self.verify_g: list[np.ndarray | None] = [None] * n_seq
         self.verify_pos_first = [-1] * n_seq
         self.verify_rows = [0] * n_seq
-        sup = sorted(set(m_dft.vocab.suppress_tokens))
-        self._suppress = np.array(sup, dtype=np.int64) if sup else None
+        self._suppress = suppress_array(m_dft.vocab.suppress_tokens)
+        #: the draft context's memory: each draft starts by trimming it back to ``pending_pos`` (a KV cache
+        #: always can: a refusal is a bug and raises MemoryOpError)
+        self.mem = SeqMemory(ctx_dft)
 
     # -- features -------------------------------------------------------------------------------
     def _features(self, n: int) -> np.ndarray:
@@ -134,14 +137,19 @@ class Eagle3(Drafter):
         return np.concatenate(parts, axis=1)
 
     def _encode(self, feats: np.ndarray) -> np.ndarray:
-        """``g`` rows of the draft encoder (fc) for ``feats``, in chunks of the draft's ``n_ubatch``."""
+        """``g`` rows of the draft encoder (fc) for ``feats``, in chunks of the draft's ``n_ubatch``.
+
+        Every chunk goes on sequence 0 at placeholder positions from ``pos_max(seq 0) + 1``, whatever the
+        sequences of the rows: that is llama.cpp's own encode batch (spec §4.3), kept as is. The encoder
+        (fc) has no memory and its output row ``i`` depends only on feature row ``i``, so neither the
+        sequence nor the position of a row changes ``g``; ``process`` reads the rows back by batch index."""
         ctx = self.ctx_dft
         n = feats.shape[0]
         g = np.empty((n, self.n_embd_dec), np.float32)
         step = max(1, min(ctx.n_ubatch, ctx.n_batch))
         for i0 in range(0, n, step):
             k = min(step, n - i0)
-            p0 = ctx.memory.pos_max(0) + 1
+            p0 = self.mem.pos_max(0) + 1
             rows = [llama.Row(None, p0 + j, 0, True, embd=feats[i0 + j]) for j in range(k)]
             ctx.decode(rows, kind=llama.PROCESS_ENCODE)
             g[i0:i0 + k] = ext.get_embeddings_nextn(ctx, k, self.n_embd_dec)
@@ -149,7 +157,7 @@ class Eagle3(Drafter):
 
     # -- protocol -------------------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
-        pm = self.ctx_dft.memory.pos_max(seq_id)
+        pm = self.mem.pos_max(seq_id)
         if pm < len(prompt) - 2:
             log.warning("draft-eagle3: the draft context of seq %d holds positions up to %d, the prompt has %d tokens "
                         "(was every target batch passed to process?)", seq_id, pm, len(prompt))
@@ -171,7 +179,7 @@ class Eagle3(Drafter):
         except (DecodeError, UsageError) as e:
             log.error("draft-eagle3: encoding the target features failed: %s", e)
             return False
-        mem = self.ctx_dft.memory
+        mem = self.mem
         out: list[llama.Row] = []
         for seq, (beg, end) in spans.items():
             pp = self.pending_pos[seq]
@@ -200,8 +208,7 @@ class Eagle3(Drafter):
             return
         rows = []
         for s in active:
-            if not ctx.memory.seq_rm(s, self.pending_pos[s], -1):
-                log.warning("draft-eagle3: could not trim the draft context of seq %d at %d", s, self.pending_pos[s])
+            self.mem.trim(s, self.pending_pos[s])
             rows.append(llama.Row(params[s].id_last, self.pending_pos[s], s, True, embd=self.pending_g[s]))
         try:
             ctx.decode(rows)
@@ -234,10 +241,7 @@ class Eagle3(Drafter):
             active = next_active
             i += 1
         for s in requested:
-            dp = params[s]
-            n_min = dp.n_min_or(self.params.n_min)
-            if n_min > 0 and len(dp.result) < n_min:
-                dp.result.clear()
+            drop_short(params[s], params[s].n_min_or(self.params.n_min))
 
     def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
         rows = self.verify_rows[seq_id]

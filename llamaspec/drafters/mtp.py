@@ -32,8 +32,9 @@ import numpy as np
 from .. import _llama as llama
 from .._llama import ext
 from ..errors import DecodeError, LlamaSpecError, UsageError
+from ..memory import SeqMemory
 from ..params import DraftModelParams
-from .base import DraftParams, Drafter
+from .base import DraftParams, Drafter, drop_short, suppress_array
 from .draft_model import top_candidate
 
 log = logging.getLogger("llamaspec")
@@ -149,15 +150,19 @@ class DraftMTP(Drafter):
         self.verify_h: list[np.ndarray | None] = [None] * n_seq
         self.verify_rows = [0] * n_seq
         self.i_last = [-1] * n_seq
-        sup = sorted(ctx_dft.model.vocab.suppress_tokens)
-        self._suppress = np.array(sup, dtype=np.int64) if sup else None
+        self._suppress = suppress_array(ctx_dft.model.vocab.suppress_tokens)
+        #: the MTP context's memory. Chained heads re-decode a sequence's rows under each head after trimming
+        #: it (a KV cache always can: a refusal is a bug and raises MemoryOpError). A memory shared with the
+        #: target (gemma4-assistant) is never trimmed here: its draft steps all sit at ``pos0``, and the
+        #: draft rollback's trims of it are no-ops that succeed (spec §6.2)
+        self.mem = SeqMemory(ctx_dft)
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
         n = len(prompt)
         if n <= 0 or self.is_mem_shared:
             return
-        pos_max = self.ctx_dft.memory.pos_max(seq_id)
+        pos_max = self.mem.pos_max(seq_id)
         if pos_max < n - 1:
             log.warning("draft-mtp: MTP context pos_max=%d < %d for seq %d: process() did not see every prompt "
                         "batch; drafts may degrade", pos_max, n - 1, seq_id)
@@ -188,13 +193,12 @@ class DraftMTP(Drafter):
                           embd=self.pending_h[r.seq_id] if k == beg[r.seq_id] else h_tgt[k - 1])
                 for k, r in enumerate(rows)
             ]
-            mem = self.ctx_dft.memory
             try:
                 for head in range(self.n_mtp_layers):
                     if self.chain_heads:
                         for s in range(self.n_seq):
                             if beg[s] >= 0:
-                                mem.seq_rm(s, rows[beg[s]].pos, -1)
+                                self.mem.trim(s, rows[beg[s]].pos)
                         self._set_offset(head)
                     self.ctx_dft.decode(batch)
             except DecodeError as e:
@@ -230,14 +234,13 @@ class DraftMTP(Drafter):
         if not requested:
             return
         n_drafting = len(requested)
-        mem = ctx.memory
         i = 0
         try:
             while n_drafting > 0:
                 if self.chain_heads:
                     for s in requested:
                         if drafting[s]:
-                            mem.seq_rm(s, params[s].pos0, -1)
+                            self.mem.trim(s, params[s].pos0)
                     self._set_offset(i)
                 try:
                     ctx.decode(batch)
@@ -283,10 +286,7 @@ class DraftMTP(Drafter):
             if self.chain_heads:
                 self._set_offset(0)
         for s in requested:
-            dp = params[s]
-            n_min = dp.n_min_or(self.params.n_min)
-            if len(dp.result) < n_min:
-                dp.result.clear()
+            drop_short(params[s], params[s].n_min_or(self.params.n_min))
 
     def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
         if not 0 <= seq_id < self.n_seq:

@@ -25,7 +25,8 @@ Worked example (no files; the context alone, LAX for 2-grams needs 2 samples and
 [3, 1, 2, 3, 1, 2, 3, 1]
 
 File format (native = little-endian int32, records repeated to EOF): 4 key slots, ``ntokens > 0``, then
-``ntokens`` pairs ``(token, count > 0)`` — see :func:`save_cache` / :func:`load_cache`.
+``ntokens`` pairs ``(token, count > 0)`` — see :mod:`.ngram_cache_io` (:func:`save_cache` / :func:`load_cache`,
+importable from here).
 
 Opt-in fixes (constructor keywords, default False = llama.cpp; ``fix_quirks=True`` turns both on):
 
@@ -38,22 +39,22 @@ Opt-in fixes (constructor keywords, default False = llama.cpp; ``fix_quirks=True
 """
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from itertools import repeat
-from pathlib import Path
 from typing import Iterable, Sequence
-
-import numpy as np
 
 from ..errors import UsageError
 from ..params import NGRAM_CACHE_N_DRAFT, NgramCacheParams
 from ._ngram_util import tail_list
-from .._io import write_atomic
 from .base import DraftParams, Drafter
+from .ngram_cache_io import KEY_SLOTS, Cache, cache_from_bytes, cache_to_bytes, load_cache, save_cache
+
+__all__ = ["LAX_MIN_PERCENT", "LAX_MIN_SAMPLE", "NGRAM_MAX", "NGRAM_MIN", "NGRAM_STATIC", "N_DRAFT", "STRICT_MIN_PERCENT",
+           "STRICT_MIN_SAMPLE", "Cache", "Key", "NgramCache", "build_cache", "cache_draft", "cache_from_bytes",
+           "cache_stats", "cache_to_bytes", "cache_update", "load_cache", "make_key", "merge_cache", "save_cache"]
 
 NGRAM_MIN = 1
-NGRAM_MAX = 4
+NGRAM_MAX = KEY_SLOTS  # 4
 NGRAM_STATIC = 2
 N_DRAFT = NGRAM_CACHE_N_DRAFT  # 8
 
@@ -64,7 +65,6 @@ STRICT_MIN_SAMPLE = (4, 3, 2, 2)
 STRICT_MIN_PERCENT = (75, 66, 66, 66)
 
 Key = tuple  # (int, int, int, int), unused slots -1
-Cache = dict  # dict[Key, dict[int, int]]
 
 _PADS = {s: (-1,) * (NGRAM_MAX - s) for s in range(NGRAM_MAX + 1)}
 
@@ -174,88 +174,6 @@ def cache_stats(cache: Cache, top: int = 10) -> dict:
             for s, key in weights[:top]
         ],
     }
-
-
-# ------------------------------------------------------------------------------------------- file I/O
-def cache_to_bytes(cache: Cache) -> bytes:
-    """The file image of a cache: per key ``4 x int32 key, int32 ntokens, ntokens x (int32 token, int32
-    count)``, little-endian. Keys with no tokens are skipped (``ntokens`` must be > 0).
-
-    >>> cache_to_bytes({(5, -1, -1, -1): {7: 3}}).hex()
-    '05000000ffffffffffffffffffffffff010000000700000003000000'
-    """
-    flat: list[int] = []
-    for key, part in cache.items():
-        if not part:
-            continue
-        if len(key) != NGRAM_MAX:
-            raise ValueError(f"cache key {key!r} must have {NGRAM_MAX} slots")
-        flat.extend(key)
-        flat.append(len(part))
-        for tok, c in part.items():
-            flat.append(tok)
-            flat.append(c)
-    if not flat:
-        return b""
-    a = np.asarray(flat, dtype=np.int64)
-    if a.min() < -(2**31) or a.max() >= 2**31:
-        raise ValueError("cache tokens and counts must fit in int32")
-    return a.astype("<i4").tobytes()
-
-
-def save_cache(cache: Cache, path: str | os.PathLike) -> None:
-    """Write ``cache`` to ``path`` in llama.cpp's format (atomically: a temporary file is renamed)."""
-    write_atomic(path, cache_to_bytes(cache))
-
-
-def cache_from_bytes(data: bytes, what: str = "cache") -> Cache:
-    """Parse a file image (see :func:`cache_to_bytes`). A key that appears twice has its counts added (so
-    concatenated files merge). Raises :class:`UsageError` on a truncated or corrupt image."""
-    if len(data) % 4:
-        raise UsageError(f"{what}: size {len(data)} bytes is not a multiple of 4; not an n-gram cache file")
-    a = np.frombuffer(data, dtype="<i4")
-    vals = a.tolist()
-    n = len(vals)
-    cache: Cache = {}
-    pos = 0
-    while pos < n:
-        if pos + 5 > n:
-            raise UsageError(f"{what}: truncated record at byte {4 * pos}; not a complete n-gram cache file")
-        key = tuple(vals[pos: pos + 4])
-        nt = vals[pos + 4]
-        if nt <= 0:
-            raise UsageError(f"{what}: record at byte {4 * pos} has ntokens = {nt} (must be > 0); corrupt cache file")
-        end = pos + 5 + 2 * nt
-        if end > n:
-            raise UsageError(f"{what}: record at byte {4 * pos} needs {nt} token entries but the file ends; truncated cache file")
-        part = cache.get(key)
-        if part is None:
-            part = cache[key] = {}
-        pairs = vals[pos + 5: end]
-        for k in range(0, 2 * nt, 2):
-            tok, c = pairs[k], pairs[k + 1]
-            if c <= 0:
-                raise UsageError(f"{what}: record at byte {4 * pos} has count {c} for token {tok} (must be > 0); corrupt cache file")
-            part[tok] = part.get(tok, 0) + c
-        pos = end
-    return cache
-
-
-def load_cache(path: str | os.PathLike) -> Cache:
-    """Read a cache file written by llama.cpp (``lookup-create`` / ``lookup``) or by :func:`save_cache`.
-
-    A missing, unreadable or corrupt file raises :class:`UsageError` with the path in the message.
-    """
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"n-gram cache file not found: {p}") from None
-    except IsADirectoryError:
-        raise UsageError(f"n-gram cache path is a directory, not a file: {p}") from None
-    except OSError as e:
-        raise UsageError(f"cannot read n-gram cache file {p}: {e.strerror or e}") from None
-    return cache_from_bytes(data, what=f"n-gram cache file {p}")
 
 
 # --------------------------------------------------------------------------------------------- drafting

@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..adaptive import default_verify_cost
+from ..adaptive import CostModel, default_verify_cost
 from ..params import NgramLookupParams
 from .base import DraftParams, Drafter
 
@@ -264,9 +264,18 @@ class _Slot:
 
 
 class NgramLookup(Drafter):
-    """llamaspec's n-gram drafter (module docstring). ``skips`` counts the rounds it did not draft, by
-    reason: ``no-match`` (no earlier occurrence of even the last token), ``not-paying`` (a match whose
-    expected gain at the measured acceptance and cost is below a plain step)."""
+    """llamaspec's n-gram drafter (module docstring).
+
+    Beyond the drafter protocol, for the chain of ``auto`` (:mod:`llamaspec.auto`):
+
+    - :meth:`use_cost_model`: take ``v(k)`` from a measured cost model (default: a CPU-like curve);
+    - ``gain_floor(seq_id)``: the tokens per unit cost a draft must beat on that slot (default 1, a plain
+      step; ``auto`` sets the draft model's expected gain);
+    - :meth:`set_k_start`: limit each slot's first drafts;
+    - ``skips`` counts the rounds it did not draft, by reason: ``no-match`` (no earlier occurrence of even
+      the last token), ``not-paying`` (a match whose expected gain at the measured acceptance and cost is
+      below the floor); ``n_explore`` the short drafts it tried anyway to look again.
+    """
 
     type = "ngram-lookup"
 
@@ -284,17 +293,19 @@ class NgramLookup(Drafter):
         nb = len(BUCKETS)
         self._g_p1 = [[PRIOR_P1[b] * 4, 4.0] for b in range(nb)]
         self._g_q = [[PRIOR_Q[b] * 4, 4.0] for b in range(nb)]
-        #: v(k) relative to a one-row decode; the engine hands its measured cost model over when it has one
+        #: v(k) relative to a one-row decode (:meth:`use_cost_model` hands a measured one over)
         self.verify_cost: Callable[[int], float] = default_verify_cost
         #: per slot, the tokens per unit cost a draft must beat (auto: the draft model's measured gain)
         self.gain_floor: Callable[[int], float] = lambda seq_id: 1.0
         self._vt: list[float] | None = None
         self._vt_age = 0
-        self.skips = {"no-match": 0, "not-paying": 0}
+        #: rounds without a draft, by reason (class docstring)
+        self.skips: dict[str, int] = {"no-match": 0, "not-paying": 0}
+        #: short drafts tried where none was expected to pay (to look again)
         self.n_explore = 0
 
-    def use_cost_model(self, cost_model) -> None:
-        """Take ``v(k)`` from the engine's online cost model (:class:`llamaspec.adaptive.CostModel`)."""
+    def use_cost_model(self, cost_model: CostModel) -> None:
+        """Take ``v(k)`` from an online cost model (``auto``'s :class:`~llamaspec.adaptive.CostModel`)."""
         self.verify_cost = cost_model.verify_cost
         self._vt = None
 
@@ -389,14 +400,3 @@ class NgramLookup(Drafter):
         if n_accepted > 0 and k > 1:
             gq = self._g_q[b]
             gq[0], gq[1] = gq[0] * g + (n_accepted - 1), gq[1] * g + (min(k, n_accepted + 1) - 1)
-
-    # -- reporting --------------------------------------------------------------------------------
-    def rates_by_bucket(self) -> list[dict]:
-        """The drafter-wide acceptance estimates per match-length bucket (for the statistics)."""
-        out = []
-        lo = 1
-        for b, hi in enumerate(BUCKETS):
-            (a1, n1), (aq, nq) = self._g_p1[b], self._g_q[b]
-            out.append({"match": f"{lo}-{hi}" if hi > lo else str(lo), "p1": round(a1 / n1, 3), "q": round(aq / nq, 3)})
-            lo = hi + 1
-        return out

@@ -221,7 +221,3 @@ class NgramMod(Drafter):
                 self.i_last[seq_id] = 0
         else:
             self.n_low[seq_id] = 0
-
-    def memory_bytes(self) -> int:
-        """Bytes held: the shared table plus the per-sequence counters (a few dozen bytes per seq)."""
-        return int(self.table.nbytes) + 3 * 8 * self.n_seq

@@ -24,7 +24,7 @@ import numpy as np
 from .. import _llama as llama
 from .._llama.tensors import model_tensors, set_tensor, tensor_nbytes
 from ..models.gguf_io import open_gguf
-from ..models.trim import SOURCE_PATH_KEY, SOURCE_SIZE_KEY, _VOCAB_TENSORS
+from ..models.trim import SOURCE_PATH_KEY, SOURCE_SIZE_KEY, VOCAB_TENSORS as _VOCAB_TENSORS
 
 log = logging.getLogger("llamaspec")
 

@@ -2,7 +2,10 @@
 
 Needs the ``server`` extra (``pip install "llamaspec[server]"``: Starlette, uvicorn, prometheus-client).
 
-* :mod:`.app`: the Starlette app, routes and renderers; :class:`ServerConfig`, :class:`ServerState`
+* :mod:`.app`: the Starlette app (:func:`create_app`: the route table, middleware, lifespan)
+* :mod:`.state`: :class:`ServerConfig`, :class:`ServerState` (the engine's start, the loading thread, shutdown)
+* :mod:`.routes`: the handlers and the request -> engine bridge; :mod:`.render`: the response shapes
+* :mod:`.middleware`: 503 while loading, the API key, the exception handlers; :mod:`.errors`: the error shape
 * :mod:`.parsing`: request bodies -> sampling, length, stop, per-request speculative settings
 * :mod:`.jobs`: engine requests -> asyncio (pump threads), SSE, cancel on client disconnect
 * :mod:`.formats`: ``timings`` (llama-server's fields + the acceptance report), ``usage``

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import EngineClosedError, LlamaSpecError, SamplerError, UsageError
+
 #: llama-server's error types and their HTTP codes
 TYPES = {
     400: "invalid_request_error",
@@ -59,3 +61,17 @@ def unavailable(message: str = "Loading model") -> ApiError:
 
 def invalid_api_key() -> ApiError:
     return ApiError(401, "Invalid API Key", "authentication_error")
+
+
+def api_error(e: BaseException) -> BaseException:
+    """The answer to a library error: a 400 for a bad request (:class:`UsageError`, :class:`SamplerError`), a 503
+    once the engine is closed, a 500 for any other :class:`LlamaSpecError`; anything else is returned as it is."""
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, (UsageError, SamplerError)):
+        return invalid(str(e))
+    if isinstance(e, EngineClosedError):
+        return unavailable("the server is shutting down")
+    if isinstance(e, LlamaSpecError):
+        return ApiError(500, str(e), "server_error")
+    return e

@@ -12,7 +12,7 @@ from .parsing import Defaults, GenParams
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
     from ..request import Request
-    from .app import ServerState
+    from .state import ServerState
 
 SYSTEM_FINGERPRINT = f"llamaspec-{__version__}"
 

@@ -1,11 +1,9 @@
 """Verification of a draft against the target.
 
 - :mod:`~llamaspec.verify.rules`: the rules as pure functions (sample-and-match, replay, rejection sampling).
-- :mod:`~llamaspec.verify.probs`: ``p_tgt`` / ``p_dft`` from logits, as llama.cpp's sampler chains compute them.
 - :mod:`~llamaspec.verify.verifiers`: one verifier object per request (match, rejection, synthetic), each with
   ``verify`` and ``replay``, bound to the request's target sampler and the round's output rows.
 """
-from .probs import draft_probs, probs_from_logits
 from .rules import VerifyResult, rejection_verify, replay, sample_and_match, sample_from_probs
 from .verifiers import MatchVerifier, RejectionVerifier, SynthVerifier, Verifier
 
@@ -15,8 +13,6 @@ __all__ = [
     "replay",
     "rejection_verify",
     "sample_from_probs",
-    "probs_from_logits",
-    "draft_probs",
     "Verifier",
     "MatchVerifier",
     "RejectionVerifier",

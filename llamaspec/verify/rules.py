@@ -18,7 +18,8 @@ Names: ``p_tgt`` is the target's distribution at a row, ``p_dft`` the draft's di
 token was sampled from. Outcomes: *accepted* (a draft token kept), *recovered* (the token drawn instead
 of a rejected draft token), *bonus* (the extra token after a fully accepted draft).
 
-:mod:`llamaspec.verify.probs` turns logits into ``p_tgt`` / ``p_dft``; :mod:`llamaspec.verify.verifiers`
+``p_tgt`` comes from llama.cpp's own samplers (:meth:`llamaspec.sampler.TargetSampler.probs`, grammar and
+penalties included), ``p_dft`` from the drafter that sampled the draft; :mod:`llamaspec.verify.verifiers`
 binds these rules to a request's sampler and rows.
 """
 from __future__ import annotations
@@ -155,12 +156,9 @@ def sample_from_probs(probs: np.ndarray, u: float) -> int:
 #: with mass (any order; the target's samplers keep a few dozen candidates of a vocabulary of 10^5)
 Dist = Union[np.ndarray, "tuple[np.ndarray, np.ndarray]"]
 RowSource = Union[np.ndarray, Sequence[Dist], Callable[[int], Dist]]
-MaskSource = Union[None, Sequence[Union[np.ndarray, None]], Callable[[int], Union[np.ndarray, None]]]
 
 
 def _getter(src):
-    if src is None:
-        return lambda i: None
     if callable(src):
         return src
     return lambda i: src[i]
@@ -197,22 +195,11 @@ def _weights_at(ids: np.ndarray, w: np.ndarray, at: np.ndarray) -> np.ndarray:
     return np.where(ids[j] == at, w[j], 0.0)
 
 
-def _target_row(raw, mask, i: int) -> tuple[np.ndarray, np.ndarray]:
-    if mask is not None and not isinstance(raw, tuple):
-        m = np.asarray(mask, dtype=bool).reshape(-1)
-        if m.size != np.asarray(raw).size:
-            raise ValueError(f"rejection_verify: mask of row {i} has {m.size} entries, p_tgt has {np.asarray(raw).size}")
+def _target_row(raw, i: int) -> tuple[np.ndarray, np.ndarray]:
     ids, p = sparse_dist(raw)
-    if mask is not None:
-        m = np.asarray(mask, dtype=bool).reshape(-1)
-        p = np.where(ids < m.size, m[np.minimum(ids, m.size - 1)], False) * p
     s = p.sum()
     if not s > 0.0 or not np.isfinite(s):
-        raise ValueError(
-            f"rejection_verify: p_tgt of row {i} has no mass"
-            + (" on the tokens the grammar allows; compute it with probs_from_logits(..., mask=allowed)"
-               " (grammar first) instead" if mask is not None else "")
-        )
+        raise ValueError(f"rejection_verify: p_tgt of row {i} has no mass")
     return ids, p / s
 
 
@@ -222,7 +209,6 @@ def rejection_verify(
     p_dft: Sequence[np.ndarray],
     uniform: Callable[[], float],
     *,
-    mask: MaskSource = None,
     accept: Callable[[int], object] | None = None,
     is_eog: Callable[[int], bool] | None = None,
 ) -> VerifyResult:
@@ -230,21 +216,19 @@ def rejection_verify(
 
     Arguments:
 
-    - ``p_tgt``: the target's distribution for rows ``0..d``, after its own sampler transformations (the
-      engine asks llama.cpp's samplers, see :meth:`llamaspec.sampler.TargetSampler.probs`): a
-      ``(d+1, n_vocab)`` array, a list of :data:`Dist` (dense vectors or sparse ``(ids, probs)``), or a
-      callable ``row -> Dist``. Rows are read in order and only as far as needed.
+    - ``p_tgt``: the target's distribution for rows ``0..d``, after its own sampler transformations, a
+      grammar included (the engine asks llama.cpp's samplers, see
+      :meth:`llamaspec.sampler.TargetSampler.probs`): a ``(d+1, n_vocab)`` array, a list of :data:`Dist`
+      (dense vectors or sparse ``(ids, probs)``), or a callable ``row -> Dist``. Rows are read in order and
+      only as far as needed.
     - ``draft``: the ``d`` drafted token ids; ``draft[i]`` must have been **sampled** from ``p_dft[i]``.
     - ``p_dft``: for each drafted position the distribution the drafter sampled from (after its top-k and
-      temperature, see :func:`draft_probs`), dense or sparse. Draft and target vocabularies may differ in
+      temperature), dense or sparse. Draft and target vocabularies may differ in
       size (padded vocabularies): ids are compared, not positions.
     - ``uniform``: the target's own random stream, one uniform in [0, 1) per call (e.g. an
       :class:`~llamaspec.synth.Mt19937Uniform` seeded with the target seed). Never the draft's stream.
-    - ``mask``: optional grammar: per row a boolean vector of allowed token ids (or None = no
-      constraint), as a sequence or a callable ``row -> vector | None``. ``p_tgt`` is zeroed outside the
-      mask and renormalised before ``p_tgt / p_dft`` and before the residual.
     - ``accept``: optional callback called with each emitted token, in order, before the next row's
-      ``p_tgt`` / ``mask`` is requested (so callables can depend on the grammar / penalty state).
+      ``p_tgt`` is requested (so a callable ``p_tgt`` can depend on the grammar / penalty state).
     - ``is_eog``: optional; an accepted EOG draft token before the last position ends the round (as in
       :func:`sample_and_match`).
 
@@ -268,17 +252,16 @@ def rejection_verify(
     >>> us = iter([0.2, 0.9]); rejection_verify(p_tgt, [0], p_dft, lambda: next(us))
     VerifyResult(tokens=[0, 2], n_accepted=1, recovered=False, bonus=True)
 
-    A grammar that forbids token 1 at row 0 leaves ``p_tgt = [0.8, 0, 0.2]``: token 0 is always accepted.
+    A grammar that forbids token 1 at row 0 is part of the target's distribution there,
+    ``p_tgt = [0.8, 0, 0.2]``: token 0 is then always accepted.
 
-    >>> us = iter([0.99, 0.0]); rejection_verify(p_tgt, [0], p_dft, lambda: next(us),
-    ...                                          mask=[np.array([True, False, True]), None])
+    >>> us = iter([0.99, 0.0]); rejection_verify([np.array([0.8, 0.0, 0.2]), p_tgt[1]], [0], p_dft, lambda: next(us))
     VerifyResult(tokens=[0, 0], n_accepted=1, recovered=False, bonus=True)
     """
     d = len(draft)
     if len(p_dft) != d:
         raise ValueError(f"rejection_verify: {len(p_dft)} p_dft vectors for a draft of {d}")
     row_of = _getter(p_tgt)
-    mask_of = _getter(mask)
     tokens: list[int] = []
 
     def emit(t: int) -> None:
@@ -288,7 +271,7 @@ def rejection_verify(
 
     for i in range(d):
         raw = row_of(i)
-        ids_t, p = _target_row(raw, mask_of(i), i)
+        ids_t, p = _target_row(raw, i)
         x = int(draft[i])
         if x < 0 or (not isinstance(raw, tuple) and x >= np.asarray(raw).size):
             raise ValueError(f"rejection_verify: draft token {x} at position {i} is outside the vocabulary "
@@ -313,6 +296,6 @@ def rejection_verify(
         emit(int(ids_t[sample_from_probs(residual, uniform())]))
         return VerifyResult(tokens, i, True, False)
 
-    ids_t, p = _target_row(row_of(d), mask_of(d), d)
+    ids_t, p = _target_row(row_of(d), d)
     emit(int(ids_t[sample_from_probs(p, uniform())]))
     return VerifyResult(tokens, d, False, True)

@@ -27,7 +27,6 @@ from .rules import rejection_verify, replay, sample_and_match, sample_from_probs
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..sampler import TargetSampler
-    from ..slot import Slot
 
 __all__ = ["Verifier", "MatchVerifier", "RejectionVerifier", "SynthVerifier", "verifier_for"]
 
@@ -142,12 +141,11 @@ class SynthVerifier(Verifier):
         return self._run(rows, known, True)
 
 
-def verifier_for(mode: str, slot: "Slot", ctx: "llama.Context", is_eog: Callable[[int], bool],
-                 synth_cond: Sequence[float] | None) -> Verifier:
-    """The verifier of one request. ``mode`` is the engine's (``match`` / ``rejection``); synthetic
-    acceptance wins when configured; greedy requests verify by sample-and-match (rejection sampling of a
-    point mass is the same rule)."""
-    sampler, sampling = slot.sampler, slot.sampling
+def verifier_for(mode: str, sampler: "TargetSampler", sampling: "llama.SamplingParams", ctx: "llama.Context",
+                 is_eog: Callable[[int], bool], synth_cond: Sequence[float] | None) -> Verifier:
+    """The verifier of one request (``sampler``: its target sampler, ``sampling``: its settings). ``mode`` is
+    the engine's (``match`` / ``rejection``); synthetic acceptance wins when configured; greedy requests
+    verify by sample-and-match (rejection sampling of a point mass is the same rule)."""
     if synth_cond is not None:
         return SynthVerifier(sampler, ctx, is_eog, synth_cond, sampling.seed)
     if mode == "rejection" and not sampling.greedy:

@@ -92,8 +92,7 @@ def parse_tensor_split(v: str | None) -> list[float] | None:
 def pop_device_options(kw: dict) -> dict:
     """Take the device flags out of ``kw`` (the command's keyword arguments), parse and check them:
     :class:`~llamaspec.engine.Engine` keyword arguments (None = llama.cpp's default)."""
-    from llamaspec._llama.rpc import parse_servers
-    from llamaspec.contexts import check_device_params
+    from llamaspec import check_device_params, parse_rpc_servers
 
     raw = {k: kw.pop(k, None) for k in KEYS}
     out = {
@@ -105,8 +104,8 @@ def pop_device_options(kw: dict) -> dict:
         "n_threads": _int("-t", raw["threads"]),
         "n_threads_batch": _int("-tb", raw["threads_batch"]),
         "n_threads_draft": _int("-td", raw["threads_draft"]),
-        "rpc_servers": parse_servers(raw["rpc"], flag="--rpc"),
-        "rpc_servers_draft": parse_servers(raw["rpc_draft"], flag="--rpc-draft"),
+        "rpc_servers": parse_rpc_servers(raw["rpc"], flag="--rpc"),
+        "rpc_servers_draft": parse_rpc_servers(raw["rpc_draft"], flag="--rpc-draft"),
     }
     check_device_params(**out)
     return out

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from llamaspec.params import VERIFY_MODES
+
 _OPTIONS = [
     click.option("-md", "--draft-model", "--spec-draft-model", "--model-draft", "draft_model", default=None,
                  help="Draft model (name from models.toml or GGUF path); enables draft-simple unless --spec-type says otherwise."),
@@ -40,7 +42,7 @@ _OPTIONS = [
     click.option("--spec-replay-accept-corrected", is_flag=True,
                  help="Beyond llama.cpp: after a restore + replay (FULL/RS targets) tell the drafters the accepted drafts "
                       "without the replayed target token (llama.cpp counts it; slot statistics never do)."),
-    click.option("--verify", "verify", type=click.Choice(["match", "rejection"]), default="match", show_default=True,
+    click.option("--verify", "verify", type=click.Choice(list(VERIFY_MODES)), default="match", show_default=True,
                  help="match = llama.cpp's sample-and-match; rejection = rejection sampling at temperature > 0."),
 ]
 

@@ -1,7 +1,9 @@
-"""Distributions from logits, the way llama.cpp's sampler chains compute them (numpy only, no llama.cpp).
+"""A numpy reference of llama.cpp's sampler chains, for the tests (numpy only, no llama.cpp).
 
-``p_tgt`` for rejection sampling (:func:`probs_from_logits`) and the draft sampler's ``p_dft``
-(:func:`draft_probs`), both over the whole vocabulary, by token id.
+The distribution the target's sampler chain samples from (:func:`probs_from_logits`) and the draft sampler's
+(:func:`draft_probs`), both over the whole vocabulary, by token id. The library reads these distributions from
+llama.cpp's own samplers (:meth:`llamaspec.sampler.TargetSampler.probs`); the tests check those, and the
+verification rules, against this independent implementation.
 """
 from __future__ import annotations
 

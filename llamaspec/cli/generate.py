@@ -126,7 +126,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
     After the text, one summary line on stderr (tokens/s, acceptance, speedup over plain); -v/--stats for
     the full statistics, -q for none.
     """
-    from llamaspec import _llama as L
+    from llamaspec import DEFAULT_SEED, SamplingParams
     from llamaspec.chat import apply_chat_template
     from llamaspec.engine import Engine
     from llamaspec.errors import UsageError
@@ -144,9 +144,9 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
             grammar = Path(grammar_file).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise UsageError(f"grammar file not found: {grammar_file}") from None
-    sampling = L.SamplingParams(
+    sampling = SamplingParams(
         temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n, seed=L.DEFAULT_SEED if seed == -1 else seed, grammar=grammar,
+        repeat_last_n=repeat_last_n, seed=DEFAULT_SEED if seed == -1 else seed, grammar=grammar,
         logit_bias=tuple(_parse_logit_bias(x) for x in logit_bias), ignore_eos=ignore_eos,
     )
     sampling.validate()
@@ -207,7 +207,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
             if base is not None:
                 stats["baseline"] = base
         if stats_json:
-            from llamaspec._io import write_atomic
+            from llamaspec import write_atomic
 
             write_atomic(stats_json, json.dumps(stats, indent=2) + "\n")
         if not quiet:
@@ -286,6 +286,8 @@ def _plain_baseline(eng, results, token_lists, spec_tps, *, measure, n_predict, 
 def _summary_line(eng, stats: dict) -> str:
     """The one line after the text: tokens/s, the speedup over plain (estimated or measured), acceptance,
     mean accepted length."""
+    from llamaspec.auto import AutoChain
+
     n = stats["n_predicted"]
     head = f"generated {n} token{'s' if n != 1 else ''} at [bold]{stats['decode_tokens_per_second']:.1f} tok/s[/]"
     if not eng.chain:
@@ -301,13 +303,13 @@ def _summary_line(eng, stats: dict) -> str:
         if len(eng.chain.types) > 1 and by_type:  # --spec-type auto or a chain: who produced the accepted tokens
             parts.append("accepted from " + ", ".join(f"{k} {v}" for k, v in by_type.items()))
     else:
-        auto = " (auto: no drafter was expected to pay off here)" if getattr(eng.chain, "auto_info", None) else ""
+        auto = " (auto: no drafter was expected to pay off here)" if isinstance(eng.chain, AutoChain) else ""
         parts.append("nothing was drafted" + auto)
     return " · ".join(parts)
 
 
 def _collect_stats(eng, path, dpath, results) -> dict:
-    from llamaspec.slot import GenerationStats
+    from llamaspec.engine import GenerationStats
 
     total = GenerationStats()
     for r in results:

@@ -124,7 +124,7 @@ def bench(quick, server_mode, clients, n_parallel, pair, model, draft_model, mod
     if quick:
         if pair or model or draft_model:
             raise UsageError("--quick uses the tiny test models: drop --pair / -m / -md")
-        from llamaspec.testing.tiny_models import make_all
+        from llamaspec.testing import make_all
 
         tmpdir = tempfile.TemporaryDirectory(prefix="llamaspec-bench-quick-")
         paths = make_all(tmpdir.name, ["llama", "llama-draft"])

@@ -25,7 +25,7 @@ def ngram_cache() -> None:
 @handle_errors
 def build(corpus, output, model, all_sizes, merge, cache_dir):
     """Tokenize CORPUS text files and write their n-gram counts to OUTPUT (what lookup-create does)."""
-    from llamaspec import _llama as llama
+    from llamaspec import Model
     from llamaspec.drafters.ngram_cache import build_cache, cache_stats, load_cache, merge_cache, save_cache
     from llamaspec.errors import UsageError
 
@@ -38,7 +38,7 @@ def build(corpus, output, model, all_sizes, merge, cache_dir):
         except IsADirectoryError:
             raise UsageError(f"{c} is a directory; give text files") from None
     path = resolve_model_arg(model, cache_dir)
-    with llama.Model(path, vocab_only=True) as m:
+    with Model(path, vocab_only=True) as m:
         token_lists = [m.vocab.tokenize(t, add_special=True, parse_special=False) for t in texts]
     kw = dict(ngram_min=1, ngram_max=4) if all_sizes else {}
     cache = build_cache(token_lists, **kw)

@@ -25,15 +25,15 @@ from .device_options import device_options, pop_device_options
 @handle_errors
 def probe(target, draft, as_json, no_bench, n_rs_seq, checkpoint_tokens, cache_dir, **device_kw):
     """Probe TARGET (name or path; default model if omitted): rollback level and speculation costs."""
-    from llamaspec import _llama as llama
+    from llamaspec import Model
     from llamaspec.probe import probe as run_probe
 
     dev = pop_device_options(device_kw)
     placement = {k: dev[k] for k in ("main_gpu", "split_mode", "tensor_split")}  # the draft shares the target's
     tpath = resolve_model_arg(target, cache_dir)
     dpath = resolve_model_arg(draft, cache_dir) if draft else None
-    with llama.Model(tpath, n_gpu_layers=dev["n_gpu_layers"], rpc_servers=dev["rpc_servers"], **placement) as tm:
-        dm = (llama.Model(dpath, n_gpu_layers=dev["n_gpu_layers_draft"], rpc_servers=dev["rpc_servers_draft"], **placement)
+    with Model(tpath, n_gpu_layers=dev["n_gpu_layers"], rpc_servers=dev["rpc_servers"], **placement) as tm:
+        dm = (Model(dpath, n_gpu_layers=dev["n_gpu_layers_draft"], rpc_servers=dev["rpc_servers_draft"], **placement)
               if dpath else None)
         try:
             if not as_json:

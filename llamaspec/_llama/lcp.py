@@ -1,0 +1,62 @@
+"""llama-cpp-python's own high-level API (``Llama`` and its prompt-lookup decoder), which ``llamaspec bench``
+runs as a baseline. Everything else in llamaspec uses the low-level wrappers of this package.
+
+The high-level modules are imported on first use, as the bench did before: nothing here loads them at
+``import llamaspec``.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+
+def split_mode(name: str) -> int:
+    """llama-cpp-python's ``LLAMA_SPLIT_MODE_*`` value for ``name`` (``none``, ``layer``, ``row``)."""
+    import llama_cpp
+
+    return getattr(llama_cpp, f"LLAMA_SPLIT_MODE_{name.upper()}")
+
+
+def prompt_lookup_decoding(num_pred_tokens: int):
+    """A ``llama_cpp.llama_speculative.LlamaPromptLookupDecoding`` drafting ``num_pred_tokens`` tokens."""
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    return LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens)
+
+
+_PARAMS_LOCK = threading.Lock()
+
+
+def load_llama(path: str, **kwargs):
+    """``llama_cpp.Llama(path, **kwargs)``, without llama.cpp's extra weight buffers where llamaspec's own
+    models load without them (:mod:`llamaspec._llama.cpu_features`: ``Llama`` has no argument for it, so its
+    default model parameters are wrapped while it loads)."""
+    import llama_cpp
+    from llama_cpp import Llama
+
+    from .cpu_features import use_extra_buffers
+
+    if use_extra_buffers():
+        return Llama(path, **kwargs)
+    native = llama_cpp.llama_cpp
+    with _PARAMS_LOCK:
+        default = native.llama_model_default_params
+
+        def no_extra_buffers():
+            params = default()
+            params.use_extra_bufts = False
+            return params
+
+        native.llama_model_default_params = no_extra_buffers
+        try:
+            return Llama(path, **kwargs)
+        finally:
+            native.llama_model_default_params = default
+
+
+def eog_test(llm) -> Callable[[int], bool]:
+    """A test of whether a token ends generation, in the vocabulary of the ``Llama`` ``llm`` (looked up once)."""
+    import llama_cpp
+
+    vocab, is_eog = llm._model.vocab, llama_cpp.llama_vocab_is_eog
+    return lambda token: is_eog(vocab, token)

@@ -1,0 +1,125 @@
+"""The vocabulary of a loaded model: tokenizer and token metadata (:class:`Vocab`, made by
+:class:`~llamaspec._llama.model.Model`, which it holds weakly: see the lifetime rules in :mod:`.model`)."""
+from __future__ import annotations
+
+import ctypes
+import weakref
+from pathlib import Path
+from typing import Protocol, Sequence
+
+from llama_cpp import llama_cpp as native
+
+from ..errors import LlamaSpecError
+
+
+class ModelLike(Protocol):
+    """What a :class:`Vocab` needs of its :class:`~llamaspec._llama.model.Model`."""
+
+    path: Path
+    ptr: object
+
+    def live_ptr(self): ...
+
+
+class Vocab:
+    """Tokenizer and token metadata of a :class:`Model` (usable while the model is open).
+
+    Thread-safe for reading: every call uses its own output buffer.
+    """
+
+    def __init__(self, model: ModelLike):
+        self._model_ref = weakref.ref(model)  # weak: Model.vocab -> Vocab is the strong edge
+        self._model_name = model.path.name
+        self._ptr = native.llama_model_get_vocab(model.live_ptr())
+        ptr = self._ptr
+        self.n_tokens: int = int(native.llama_vocab_n_tokens(ptr))
+        self.type: int = int(native.llama_vocab_type(ptr))
+        self.bos: int = int(native.llama_vocab_bos(ptr))
+        self.eos: int = int(native.llama_vocab_eos(ptr))
+        self.eot: int = int(native.llama_vocab_eot(ptr))
+        self.add_bos: bool = bool(native.llama_vocab_get_add_bos(ptr))
+        self.add_eos: bool = bool(native.llama_vocab_get_add_eos(ptr))
+        self._eog_cache: dict[int, bool] = {}
+        self._eog_all: tuple[int, ...] | None = None
+
+    @property
+    def model(self) -> ModelLike:
+        """The owning model; :class:`LlamaSpecError` when it was closed or dropped."""
+        model = self._model_ref()
+        if model is None or not model.ptr:
+            raise self._closed()
+        return model
+
+    @property
+    def ptr(self):
+        """The native ``llama_vocab *``; :class:`LlamaSpecError` when the model was closed or dropped."""
+        model = self._model_ref()
+        if model is None or not model.ptr:
+            raise self._closed()
+        return self._ptr
+
+    def _closed(self) -> LlamaSpecError:
+        return LlamaSpecError(f"model {self._model_name} is closed: its vocabulary can no longer be used")
+
+    @property
+    def suppress_tokens(self) -> list[int]:
+        """Model-specific tokens a sampler must never pick (``tokenizer.ggml.suppress_tokens``)."""
+        n = ctypes.c_int32(0)
+        p = native.llama_vocab_get_suppress_tokens(self.ptr, ctypes.byref(n))
+        return [int(p[i]) for i in range(n.value)] if p and n.value > 0 else []
+
+    def is_eog(self, token: int) -> bool:
+        r = self._eog_cache.get(token)
+        if r is None:
+            r = bool(native.llama_vocab_is_eog(self.ptr, token))
+            self._eog_cache[token] = r
+        return r
+
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token id (computed once per vocabulary)."""
+        if self._eog_all is None:
+            ptr = self.ptr
+            self._eog_all = tuple(t for t in range(self.n_tokens) if native.llama_vocab_is_eog(ptr, t))
+        return self._eog_all
+
+    def get_text(self, token: int) -> bytes:
+        """Raw vocabulary text of a token (what spec §11 compares byte for byte)."""
+        t = native.llama_vocab_get_text(self.ptr, token)
+        return t if t is not None else b""
+
+    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        ptr = self.ptr
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        n_max = len(data) + 8
+        buf = (native.llama_token * n_max)()
+        n = native.llama_tokenize(ptr, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (native.llama_token * n_max)()
+            n = native.llama_tokenize(ptr, data, len(data), buf, n_max, add_special, parse_special)
+            if n < 0:
+                raise LlamaSpecError(f"tokenization failed (llama_tokenize returned {n})")
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        ptr = self.ptr
+        buf = ctypes.create_string_buffer(64)  # per call: two threads may detokenize at once
+        n = native.llama_token_to_piece(ptr, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = native.llama_token_to_piece(ptr, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int], *, remove_special: bool = False, unparse_special: bool = False) -> str:
+        if not tokens:
+            return ""
+        ptr = self.ptr
+        arr = (native.llama_token * len(tokens))(*tokens)
+        cap = max(64, 8 * len(tokens))
+        out = ctypes.create_string_buffer(cap)
+        n = native.llama_detokenize(ptr, arr, len(tokens), out, cap, remove_special, unparse_special)
+        if n < 0:
+            cap = -n
+            out = ctypes.create_string_buffer(cap)
+            n = native.llama_detokenize(ptr, arr, len(tokens), out, cap, remove_special, unparse_special)
+        return out.raw[:n].decode("utf-8", errors="replace")

@@ -1,0 +1,58 @@
+"""Emission: a slot's newly accepted tokens become output, with end-of-generation, stop strings and limits.
+
+:class:`Emitter` is the last step of a round (§7.5 step 9) and of a prompt's first sample: it appends the
+tokens to the slot's output until an end-of-generation token, a stop string, ``n_predict`` or the context
+ends the request, and returns the :class:`~llamaspec.slot.Chunk` of text that became final. It decides that
+a request finished; what happens to the slot afterwards (prompt cache or release) is the scheduler's.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from .slot import Chunk, FinishReason, Slot, SlotState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import _llama as llama
+
+__all__ = ["Emitter"]
+
+
+class Emitter:
+    def __init__(self, vocab: "llama.Vocab", n_ctx_seq: int):
+        self.vocab = vocab
+        self.n_ctx_seq = n_ctx_seq
+
+    def emit(self, slot: Slot, tokens: list[int], n_from_draft: int) -> Chunk:
+        """Commit sampled tokens to the slot's output; ``n_from_draft`` of the leading ones were drafted."""
+        vocab, stream = self.vocab, slot.stream
+        emitted: list[int] = []
+        text = ""
+        for t in tokens:
+            if vocab.is_eog(t):
+                slot.finish_reason, slot.stop_type = FinishReason.STOP, "eos"
+                break
+            emitted.append(t)
+            slot.generated.append(t)
+            text += stream.feed(vocab.token_to_piece(t))
+            if stream.stopped:
+                slot.finish_reason, slot.stop_type = FinishReason.STOP, "word"
+                slot.stopping_word = stream.stop_string
+                break
+            if slot.n_remaining == 0:
+                slot.finish_reason, slot.stop_type = FinishReason.LENGTH, "limit"
+                break
+        if slot.finish_reason is None and slot.n_past >= self.n_ctx_seq - 1:
+            # no room left to decode the sampled token
+            slot.finish_reason, slot.stop_type, slot.truncated = FinishReason.LENGTH, "limit", True
+        slot.sampled = tokens[-1] if slot.finish_reason is None else None
+        slot.stats.n_predicted = len(slot.generated)
+        now = time.perf_counter()
+        if slot.state is SlotState.GENERATING and slot.stats.t_prompt_s > 0:
+            slot.stats.t_decode_s = now - slot.t_start
+        finished = slot.finish_reason is not None
+        if finished:
+            text += stream.flush()
+            slot.state = SlotState.DONE
+            slot.prompt_tokens = slot.tokens[: slot.n_prompt]
+        return Chunk(slot.id, emitted, text, finished, min(n_from_draft, len(emitted)))

@@ -1,0 +1,118 @@
+"""What the routes of ``llamaspec serve`` share: :class:`ServerConfig` (how the server was started) and
+:class:`ServerState` (the engine once loaded, its start, the loading thread's outcome, the open
+generation groups, shutdown)."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from ..chat import apply_chat_template
+from .errors import unavailable
+from .jobs import JobGroup
+from .metrics import make_registry
+from .parsing import Defaults
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine import Engine
+
+__all__ = ["ServerConfig", "ServerState"]
+
+log = logging.getLogger("llamaspec.server")
+
+
+@dataclass
+class ServerConfig:
+    """What ``llamaspec serve`` was started with (besides the Engine)."""
+
+    model_id: str = "llamaspec"
+    model_path: str = ""
+    api_keys: list[str] = field(default_factory=list)
+    metrics: bool = False
+    slots: bool = True
+    #: a built-in template name (``chatml``, ``llama3``...) or a Jinja template; None = the GGUF's own
+    chat_template: str | None = None
+    sse_ping_interval: float = 30.0
+    defaults: Defaults = field(default_factory=Defaults)
+
+
+class ServerState:
+    """The engine (once loaded) and everything the routes share."""
+
+    def __init__(self, config: ServerConfig, engine: "Engine | None" = None):
+        self.config = config
+        self.engine: "Engine | None" = None
+        self.load_error: BaseException | None = None
+        self.chat_template: str | None = None
+        self.groups: set[JobGroup] = set()
+        self._lock = threading.Lock()
+        self.on_ready: Callable[["ServerState"], None] | None = None
+        self.on_load_failed: Callable[[BaseException], None] | None = None
+        self._registry = None
+        if engine is not None:
+            self._set_engine(engine)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
+
+    def _set_engine(self, engine: "Engine") -> None:
+        tmpl = self.config.chat_template or engine.model.chat_template()
+        if tmpl is None:
+            log.warning("the model has no chat template: /v1/chat/completions uses chatml (as llama-server); "
+                        "--chat-template NAME|TEMPLATE to choose one")
+            tmpl = "chatml"
+        apply_chat_template(engine.model, [{"role": "user", "content": "x"}], template=tmpl)  # fails early
+        self.chat_template = tmpl
+        engine.start()
+        self.engine = engine
+
+    def load(self, loader: Callable[[], "Engine"]) -> None:
+        """Build the engine (in the loader thread); ``/health`` answers 503 until it is ready."""
+        eng = None
+        try:
+            eng = loader()
+            self._set_engine(eng)
+        except BaseException as e:  # noqa: BLE001 - reported by the serve command as one line
+            self.load_error = e
+            if eng is not None:
+                with contextlib.suppress(Exception):
+                    eng.close()
+            if self.on_load_failed is not None:
+                self.on_load_failed(e)
+            return
+        if self.on_ready is not None:
+            self.on_ready(self)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            groups = list(self.groups)
+        for g in groups:
+            g.cancel()
+        eng, self.engine = self.engine, None
+        if eng is not None:
+            with contextlib.suppress(Exception):
+                eng.stop()
+            eng.close()
+
+    def add_group(self, g: JobGroup) -> None:
+        with self._lock:
+            self.groups.add(g)
+
+    def drop_group(self, g: JobGroup) -> None:
+        with self._lock:
+            self.groups.discard(g)
+
+    @property
+    def registry(self):
+        if self._registry is None:
+            self._registry = make_registry(lambda: self.engine)
+        return self._registry
+
+    def need_engine(self) -> "Engine":
+        eng = self.engine
+        if eng is None:
+            raise unavailable("Loading model")
+        return eng

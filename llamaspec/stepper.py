@@ -1,0 +1,109 @@
+"""Who runs ``step()``: one thread at a time (design.md 12), the caller's or the engine thread.
+
+:class:`Stepper` holds the step lock, the condition that wakes waiting consumers, and the optional background
+thread of a server. The Engine gives it its step function and asks it to run work now when no step is running
+(``run_now``: admission and cancels from ``submit`` / ``cancel``), to make progress for a request (``wait``),
+or to step in the background while there is work (``start`` / ``stop``).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+__all__ = ["Stepper"]
+
+log = logging.getLogger("llamaspec")
+
+
+class Stepper:
+    def __init__(self, step: Callable[[], object], has_work: Callable[[], bool], is_closed: Callable[[], bool]):
+        self._step = step
+        self._has_work = has_work
+        self._is_closed = is_closed
+        #: held while a step (or work done in place of one) runs; reentrant for close() inside a step
+        self.lock = threading.RLock()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    def notify(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def step(self):
+        """Run one step under the lock, then wake the waiters."""
+        with self.lock:
+            try:
+                return self._step()
+            finally:
+                self.notify()
+
+    def run_now(self, work: Callable[[], None]) -> None:
+        """Do ``work`` at once when no step runs (else the next step does it), then wake the waiters."""
+        if self.lock.acquire(blocking=False):
+            try:
+                if not self._is_closed():
+                    work()
+            finally:
+                self.lock.release()
+        self.notify()
+
+    @property
+    def threaded(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, has_output: Callable[[], bool], timeout: float | None) -> bool:
+        """Make progress until ``has_output()``: run a step when no other thread is, else wait for one.
+        False when ``timeout`` passed without output."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        threaded = self.threaded
+        while True:
+            if not threaded and self.lock.acquire(blocking=False):
+                try:
+                    if not has_output():
+                        self._step()
+                finally:
+                    self.lock.release()
+                    self.notify()
+                return True
+            with self._cv:
+                self._cv.wait(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
+            if has_output():
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
+    def start(self) -> None:
+        """Run steps in a background thread while there is work (idempotent)."""
+        if self.threaded:
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="llamaspec-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop the background thread (the current step finishes first)."""
+        self._stop = True
+        self.notify()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+        self._thread = None
+
+    @property
+    def has_thread(self) -> bool:
+        return self._thread is not None
+
+    def _loop(self) -> None:
+        while not self._stop and not self._is_closed():
+            if not self._has_work():
+                with self._cv:
+                    self._cv.wait(0.05)
+                continue
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 - an engine thread must not die; step confines errors to slots
+                log.exception("engine step failed")
+                time.sleep(0.01)
