@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["DraftLengthController", "expected_tokens", "best_draft_length", "best_shared_length", "CostModel",
+__all__ = ["DraftLengthController", "Explorer", "expected_tokens", "best_draft_length", "best_shared_length", "CostModel",
            "default_verify_cost", "DRAFT_COST_PRIOR"]
 
 #: a draft step's cost relative to a one-row target decode before any was measured
@@ -115,6 +115,51 @@ def best_shared_length(rates: list[list[float]], caps: list[int], batch_cost: Ca
     return best_k
 
 
+class Explorer:
+    """Looking again after idling: the one "explore after not drafting" rule of every length policy.
+
+    A policy that chose not to draft calls :meth:`idle`; after ``every`` such rounds in a row it is told to
+    try a short draft anyway (conditions change with the text). With ``backoff`` > 1, an exploration that
+    found nothing accepted doubles the interval (up to ``backoff`` x ``every``) and one that paid resets it.
+
+    >>> e = Explorer(every=3, backoff=4)
+    >>> [e.idle() for _ in range(3)]
+    [False, False, True]
+    >>> e.result(0); [e.idle() for _ in range(6)].index(True) + 1     # it found nothing: twice the interval
+    6
+    """
+
+    __slots__ = ("every", "backoff", "n_idle", "gap", "exploring")
+
+    def __init__(self, every: int, backoff: int = 1):
+        self.every = every
+        self.backoff = backoff
+        self.n_idle = 0
+        self.gap = 0  # the current interval (0: ``every``)
+        self.exploring = False
+
+    def idle(self) -> bool:
+        """A round without a draft; True when this one should explore instead."""
+        self.n_idle += 1
+        if self.n_idle < max(self.gap, self.every):
+            return False
+        self.n_idle = 0
+        self.exploring = True
+        return True
+
+    def drafted(self) -> None:
+        """A round with a draft (chosen or exploring)."""
+        self.n_idle = 0
+
+    def result(self, n_accepted: int) -> None:
+        """What the last draft earned (only the backing-off policies report it)."""
+        if n_accepted > 0:
+            self.gap = 0
+        elif self.exploring and self.backoff > 1:
+            self.gap = min(2 * max(self.gap, self.every), self.backoff * self.every)
+        self.exploring = False
+
+
 class DraftLengthController:
     """Per-slot estimates of ``a_i`` and the choice of the next draft length (module docstring)."""
 
@@ -122,10 +167,10 @@ class DraftLengthController:
         self.k_max = k_max
         self.prior_rate = prior_rate
         self.prior_weight = prior_weight
-        self.explore_every = explore_every  # after this many rounds without drafting, try one draft token
+        #: after ``explore_every`` rounds without drafting, one draft token is tried
+        self.explorer = Explorer(explore_every)
         self.trials = [0.0] * k_max
         self.accepts = [0.0] * k_max
-        self._idle = 0
 
     def rates(self) -> list[float]:
         """``a_i`` per position: the position's own counts, shrunk toward the estimate of the position before
@@ -162,12 +207,8 @@ class DraftLengthController:
     def explore(self, k: int, k_max: int) -> int:
         """``k`` as chosen, except that after ``explore_every`` rounds of not drafting one token is tried."""
         if k == 0 and k_max > 0:
-            self._idle += 1
-            if self._idle >= self.explore_every:  # conditions change with the text: look again now and then
-                self._idle = 0
-                return 1
-        else:
-            self._idle = 0
+            return 1 if self.explorer.idle() else 0
+        self.explorer.drafted()
         return k
 
 
@@ -238,8 +279,12 @@ class CostModel:
         return self.decode_ms[r] / default_verify_cost(r - 1)
 
     def verify_cost(self, k: int) -> float:
-        """``v(k)``: the decode of ``k + 1`` rows relative to one row (1 + 0.05 k until measured).
+        """``v(k)``: the decode of ``k + 1`` rows relative to one row, measured; until two row counts were
+        measured, the CPU-like prior :func:`default_verify_cost` (a first long draft on an unmeasured CPU
+        would otherwise be priced far too cheap). The one definition every user of ``v(k)`` shares.
 
+        >>> CostModel().verify_cost(15) == default_verify_cost(15)
+        True
         >>> m = CostModel(); m.add_decode(1, 10.0); m.add_decode(5, 14.0)
         >>> m.verify_cost(0), m.verify_cost(4), round(m.verify_cost(2), 2)
         (1.0, 1.4, 1.2)
@@ -248,8 +293,8 @@ class CostModel:
         (1.0, 1.4, 2.2, 1.8)
         """
         base = self.base_ms()
-        if not base:
-            return 1.0 + 0.05 * k
+        if not base or len(self.decode_ms) < 2:
+            return default_verify_cost(k)
         rows = k + 1
         ms = {1: base, **self.decode_ms}
         if rows in ms:
@@ -284,6 +329,17 @@ class CostModel:
         b0 = min(self.draft_step_ms, key=lambda b: (abs(b - n_seqs), b))
         return self.draft_step_ms[b0] / base * scale / self.verify_cost(b0 - 1)
 
-    def draft_cost(self) -> float:
-        """``c``: one draft step of one sequence (:meth:`draft_step_cost`)."""
-        return self.draft_step_cost(1)
+    def draft_cost_of(self, stats) -> float:
+        """One drafted token of a drafter, relative to a one-row target decode, from its statistics
+        (``t_draft_us`` / ``n_gen_tokens``; ``DRAFT_COST_PRIOR`` until it drafted and a decode was measured).
+
+        >>> from llamaspec.stats import DrafterStats
+        >>> m = CostModel(); m.add_decode(1, 10.0); st = DrafterStats(); m.draft_cost_of(st)
+        0.3
+        >>> st.n_gen_tokens, st.t_draft_us = 10, 20_000.0; m.draft_cost_of(st)
+        0.2
+        """
+        base = self.base_ms()
+        if not base or stats.n_gen_tokens <= 0:
+            return DRAFT_COST_PRIOR
+        return (stats.t_draft_us / 1e3 / stats.n_gen_tokens) / base

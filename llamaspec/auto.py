@@ -4,10 +4,10 @@ The chain of ``auto`` is ``ngram-lookup`` first (:mod:`llamaspec.drafters.ngram_
 lookups hit and the expected gain pays, and chooses its own length), then the draft model (``draft-simple``)
 when there is one. Speculation that loses is switched off for that slot and tried again later:
 
-* **Costs** are measured online in units of one single-row target decode (:class:`~llamaspec.adaptive.CostModel`):
-  ``v(k)``, the time from the end of drafting to the verification decode's ``process`` by row count (that
-  is the target decode plus the round's own work around it), and for the draft model its drafting time
-  per drafted token (``c``) plus its per-round ``process`` time.
+* **Costs** come from the engine's one cost model (:class:`~llamaspec.adaptive.CostModel`, in units of one
+  single-row target decode): ``v(k)``, the verification decode by row count as the round measures it, and
+  for the draft model its drafting time per drafted token (``c``, from its statistics) plus its per-round
+  ``process`` time.
 * **Gain** of a drafter on a slot: over its recent rounds on that slot (decaying sums), tokens per round
   ``1 + accepted`` against the cost ``v(k) + k c + p`` of those rounds. Below ``1 - margin`` (it loses
   against a plain step) the drafter is switched off for the slot for ``backoff`` rounds, doubling each time
@@ -34,15 +34,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
-from .adaptive import DRAFT_COST_PRIOR, CostModel, DraftLengthController, default_verify_cost
+from .adaptive import CostModel, DraftLengthController
 from .chain import Chain
 from .drafters.base import DraftParams, Drafter
 from .drafters.ngram_lookup import NgramLookup
 
-if TYPE_CHECKING:  # pragma: no cover
-    from . import _llama as llama
 
 log = logging.getLogger("llamaspec")
 
@@ -68,30 +66,35 @@ class GateParams:
 class SlotGate:
     """One drafter on one slot: decaying sums of tokens per round and of their cost, and the back-off."""
 
-    __slots__ = ("tok", "cost", "n", "off", "backoff")
+    __slots__ = ("tokens", "cost", "n_rounds", "off_rounds", "backoff")
 
     def __init__(self, backoff: int = 16):
-        self.tok = 0.0
+        #: decaying sum of tokens per round (``1 + accepted``)
+        self.tokens = 0.0
+        #: decaying sum of the rounds' cost (in one-row target decodes)
         self.cost = 0.0
-        self.n = 0
-        self.off = 0  # rounds left switched off
+        #: rounds recorded since the last restart
+        self.n_rounds = 0
+        #: rounds left switched off
+        self.off_rounds = 0
+        #: rounds off at the next failure
         self.backoff = backoff
 
     def record(self, tokens: float, cost: float, decay: float = 0.85) -> None:
-        self.tok = self.tok * decay + tokens
+        self.tokens = self.tokens * decay + tokens
         self.cost = self.cost * decay + cost
-        self.n += 1
+        self.n_rounds += 1
 
     def gain(self) -> float:
         """Measured tokens per unit cost relative to plain decoding (1 token per unit)."""
-        return self.tok / self.cost if self.cost > 0 else 1.0
+        return self.tokens / self.cost if self.cost > 0 else 1.0
 
     def should_stop(self, min_rounds: int, margin: float) -> bool:
-        return self.n >= min_rounds and self.gain() < 1.0 - margin
+        return self.n_rounds >= min_rounds and self.gain() < 1.0 - margin
 
     def restart(self) -> None:
-        self.tok = self.cost = 0.0
-        self.n = 0
+        self.tokens = self.cost = 0.0
+        self.n_rounds = 0
 
 
 class GatedDrafter(Drafter):
@@ -102,7 +105,7 @@ class GatedDrafter(Drafter):
     ``cost`` is the auto chain's cost model (it prices the rounds), ``gate`` its gate settings; ``adaptive``:
     each slot's draft length is chosen by a :class:`~llamaspec.adaptive.DraftLengthController`."""
 
-    def __init__(self, inner: Drafter, cost: "AutoCostModel", gate: GateParams, *, adaptive: bool = False):
+    def __init__(self, inner: Drafter, cost: CostModel, gate: GateParams, *, adaptive: bool = False):
         self.inner = inner
         self.cost = cost
         self.gate = gate
@@ -177,12 +180,12 @@ class GatedDrafter(Drafter):
             if not dp.drafting:
                 continue
             g = self.gates[seq_id]
-            if g.off > 0:
-                g.off -= 1
+            if g.off_rounds > 0:
+                g.off_rounds -= 1
                 self.n_gated += 1
                 dp.drafting = False
                 off.append(dp)
-                if g.off == 0:
+                if g.off_rounds == 0:
                     g.restart()  # try again from the next round
                 continue
             k = self._length(seq_id, dp)
@@ -223,11 +226,11 @@ class GatedDrafter(Drafter):
         self.overall.record(1.0 + n_accepted, cost, OVERALL_DECAY)
         self.last_gain = g.gain()
         if g.should_stop(self.gate.min_rounds, self.gate.margin):
-            g.off = g.backoff
+            g.off_rounds = g.backoff
             g.backoff = min(g.backoff * 2, self.gate.backoff_max)
             self.n_gate_off += 1
-            log.debug("auto: %s off for slot %d for %d rounds (measured gain %.2fx)", self.type, seq_id, g.off, g.gain())
-        elif g.n >= self.gate.min_rounds:
+            log.debug("auto: %s off for slot %d for %d rounds (measured gain %.2fx)", self.type, seq_id, g.off_rounds, g.gain())
+        elif g.n_rounds >= self.gate.min_rounds:
             g.backoff = self.gate.backoff
 
     def expected_gain(self, seq_id: int) -> float:
@@ -235,11 +238,11 @@ class GatedDrafter(Drafter):
         step): the slot's own measure once it has ``min_rounds``, else every slot's together, 1 while
         nothing was measured or the slot is switched off."""
         g = self.gates[seq_id]
-        if g.off > 0:
+        if g.off_rounds > 0:
             return 1.0
-        if g.n >= self.gate.min_rounds:
+        if g.n_rounds >= self.gate.min_rounds:
             return max(1.0, g.gain())
-        if self.overall.n >= self.gate.min_rounds:
+        if self.overall.n_rounds >= self.gate.min_rounds:
             return max(1.0, self.overall.gain())
         return 1.0
 
@@ -249,6 +252,9 @@ class GatedDrafter(Drafter):
     def reset(self, seq_id):
         self.inner.reset(seq_id)
         self._k[seq_id] = 0
+
+    def redecode(self, seq_id, tokens, pos0):
+        return self.inner.redecode(seq_id, tokens, pos0)
 
     def get_state(self, seq_id):
         return self.inner.get_state(seq_id)
@@ -260,65 +266,29 @@ class GatedDrafter(Drafter):
         self.inner.close()
 
 
-class AutoCostModel(CostModel):
-    """:class:`~llamaspec.adaptive.CostModel` plus a drafter's own cost per drafted token from its stats.
-    Until two row counts are measured, ``v(k)`` is the CPU-like curve of ngram-lookup (a first draft of 32
-    rows on an unmeasured CPU would otherwise be priced at 1 + 0.05 k, far too cheap).
-
-    >>> m = AutoCostModel(); m.verify_cost(15) == default_verify_cost(15)
-    True
-    >>> m.add_decode(1, 10.0); m.add_decode(4, 30.0); m.verify_cost(3)
-    3.0
-    """
-
-    def verify_cost(self, k: int) -> float:
-        if len(self.decode_ms) < 2:
-            return default_verify_cost(k)
-        return super().verify_cost(k)
-
-    def draft_cost_of(self, stats) -> float:
-        base = self.base_ms()
-        if not base or stats.n_gen_tokens <= 0:
-            return DRAFT_COST_PRIOR
-        return (stats.t_draft_us / 1e3 / stats.n_gen_tokens) / base
-
-
 class AutoChain(Chain):
     """The chain of ``--spec-type auto`` (module docstring): ``ngram`` first, then ``draft`` (the draft model,
-    or None) behind the gate (:attr:`gated`). It measures ``v(k)`` itself (the time from the end of ``draft``
-    to the ``process`` of the verification decode, by row count), hands that cost model to both, and reports
-    the gating.
+    or None) behind the gate (:attr:`gated`). ``cost`` is the engine's one cost model (the round measures the
+    decodes into it); the chain hands it to both drafters and reports the gating.
 
     With a draft model, the n-gram draft must beat the draft model's expected gain on the slot
     (``NgramLookup.gain_floor``), and a slot's first n-gram drafts are at most ``AUTO_NGRAM_K_START`` tokens
     unless ``ngram`` has its own ``k_start``."""
 
-    def __init__(self, ngram: NgramLookup, draft: Drafter | None, n_seq: int, *, adaptive: bool = False,
-                 gate: GateParams | None = None):
+    def __init__(self, ngram: NgramLookup, draft: Drafter | None, n_seq: int, *, cost: CostModel | None = None,
+                 adaptive: bool = False, gate: GateParams | None = None):
         self.gate = gate or GateParams()
-        self.cost = AutoCostModel()
+        #: the engine's cost model (a private one when the chain is built alone, as in tests)
+        self.cost = cost if cost is not None else CostModel()
         self.ngram = ngram
         #: the draft model behind the gate (None without a draft model)
         self.gated = GatedDrafter(draft, self.cost, self.gate, adaptive=adaptive) if draft is not None else None
         super().__init__([ngram] if self.gated is None else [ngram, self.gated], n_seq)
-        self._t_mark: float | None = None
         ngram.use_cost_model(self.cost)
         if self.gated is not None:
             ngram.gain_floor = self.gated.expected_gain  # the n-gram draft must beat the draft model where it pays
             if ngram.params.k_start == 0:
                 ngram.set_k_start(AUTO_NGRAM_K_START)
-
-    def draft(self, params: Sequence[DraftParams] | None = None) -> None:
-        super().draft(params)
-        self._t_mark = time.perf_counter()
-
-    def process(self, rows: "Sequence[llama.Row]") -> bool:
-        t = self._t_mark
-        if t is not None:
-            self._t_mark = None
-            if rows and all(r.output for r in rows):
-                self.cost.add_decode(len(rows), (time.perf_counter() - t) * 1e3)
-        return super().process(rows)
 
     # -- reporting --------------------------------------------------------------------------------
     def auto_info(self) -> dict:
@@ -352,7 +322,9 @@ class AutoChain(Chain):
         return super().stats_lines() + ["auto: " + "; ".join(parts)]
 
 
-def build_auto_chain(ngram: NgramLookup, draft: Drafter | None, n_seq: int, *, adaptive: bool = False) -> AutoChain:
+def build_auto_chain(ngram: NgramLookup, draft: Drafter | None, n_seq: int, *, cost: CostModel | None = None,
+                     adaptive: bool = False) -> AutoChain:
     """The chain of ``auto`` from its drafters (built by :mod:`llamaspec.drafters.registry`): ngram-lookup,
-    then the draft model behind the gate when there is one (``adaptive``: its length chosen per slot)."""
-    return AutoChain(ngram, draft, n_seq, adaptive=adaptive)
+    then the draft model behind the gate when there is one (``adaptive``: its length chosen per slot);
+    ``cost``: the engine's cost model."""
+    return AutoChain(ngram, draft, n_seq, cost=cost, adaptive=adaptive)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from .drafters.base import DraftParams, Drafter
 from .errors import UsageError
-from .stats import Timer
+from .stats import Timer, add_per_position
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import _llama as llama
@@ -92,11 +92,7 @@ class Chain:
             return
         st = impl.stats
         with Timer(st, "t_accept_us"):
-            per = st.n_acc_tokens_per_pos
-            if len(per) < n_accepted:
-                per.extend([0] * (n_accepted - len(per)))
-            for i in range(n_accepted):
-                per[i] += 1
+            add_per_position(st.n_acc_tokens_per_pos, [1] * n_accepted)
             if n_accepted > 0:
                 st.n_acc_drafts += 1
                 st.n_acc_tokens += n_accepted
@@ -138,6 +134,11 @@ class Chain:
         self.impl_last[seq_id] = None
         for d in self.impls:
             d.reset(seq_id)
+
+    def redecode(self, seq_id: int, tokens: Sequence[int], pos0: int) -> bool:
+        """The drafter that owns the draft context decodes ``tokens`` at ``pos0..`` again (after a FULL draft
+        memory was reloaded); False when none does."""
+        return any(d.redecode(seq_id, tokens, pos0) for d in self.impls)
 
     def get_state(self, seq_id: int) -> bytes | None:
         for d in self.impls:

@@ -23,6 +23,7 @@ from typing import Sequence
 
 from . import _llama as llama
 from .chain import Chain
+from .adaptive import CostModel
 from .drafters.registry import build_chain
 from .drafters.base import Drafter
 from ._llama.model import _is_int, check_offload
@@ -94,6 +95,7 @@ def build_parts(
     tensor_split: Sequence[float] | None = None,
     rpc_servers: Sequence[str] | None = None,
     rpc_servers_draft: Sequence[str] | None = None,
+    cost_model: "CostModel | None" = None,
 ) -> EngineParts:
     check_device_params(n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, main_gpu=main_gpu,
                         split_mode=split_mode, tensor_split=tensor_split, n_threads=n_threads,
@@ -117,7 +119,7 @@ def build_parts(
         return own(llama.Model(m, n_gpu_layers=ngl, rpc_servers=rpc_servers or None, load_mtp=load_mtp, use_mmap=use_mmap,
                                **placement))
 
-    if draft is not None and getattr(spec, "is_auto", False):  # auto + a head / MTP file: that head's drafter
+    if draft is not None and spec.is_auto:  # auto + a head / MTP file: that head's drafter
         from .drafters.heads import infer_draft_type
 
         head = infer_draft_type(draft)
@@ -194,7 +196,7 @@ def build_parts(
                 raise UsageError(f"drafter {bad[0].type} was built for n_seq={bad[0].n_seq}, the engine has {n_parallel} slots")
             parts.chain = Chain(list(drafters), n_parallel)
         elif speculating:
-            parts.chain = build_chain(spec, n_parallel, ctx, parts.ctx_dft)
+            parts.chain = build_chain(spec, n_parallel, ctx, parts.ctx_dft, cost_model)
             if parts.chain is not None:
                 owned.append(parts.chain)
         if parts.chain is not None and parts.ctx_dft is not None:

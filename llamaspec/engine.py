@@ -16,9 +16,8 @@ drafters. ``docs/architecture.md`` has the whole picture.
 Threads: one thread at a time runs ``step()`` (:mod:`llamaspec.stepper`); ``submit()`` and ``cancel()`` may be
 called from any thread. A failure in one slot finishes that request with ``error``; the others go on.
 
-Vocabulary follows llama.cpp: ``sampled`` is the last token sampled by the target and **not yet decoded**;
-``n_past`` is the number of tokens in the target memory for the sequence, so after every round
-``seq_pos_max(seq) == n_past - 1`` on the target and the draft context (restored on every exit path).
+Vocabulary follows llama.cpp: ``sampled`` is the last token sampled by the target, **not yet decoded**; ``n_past``
+the tokens in the sequence's memory: after every round ``seq_pos_max(seq) == n_past - 1`` in both contexts.
 """
 from __future__ import annotations
 
@@ -102,7 +101,6 @@ class Engine:
         * ``n_threads`` (``-t``, default: all available cores), ``n_threads_batch`` (``-tb``, default
           ``n_threads``); ``n_threads_draft`` (``-td``, default ``n_threads``) for the draft's generation, whose
           batch threads follow ``n_threads_batch`` (as llama.cpp's ``-tbd`` default).
-
         * ``rpc_servers`` (``--rpc``): ``"host:port"`` list (or one comma-separated string) of llama.cpp RPC
           servers (``ggml-rpc-server``) that hold the target's offloaded layers, split by ``tensor_split`` in
           the order given; ``rpc_servers_draft`` (``--rpc-draft``) the same for the draft, which stays local
@@ -141,7 +139,10 @@ class Engine:
         self.n_parallel = n_parallel
         self._owned: list = []
         self._closed = False
-        parts = build_parts(target, draft, spec, drafters, n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch,
+        #: the one cost model (llamaspec.adaptive): the round measures into it, the adaptive length and auto use it
+        self.cost_model = CostModel()
+        parts = build_parts(target, draft, spec, drafters, cost_model=self.cost_model, n_ctx=n_ctx,
+                            n_parallel=n_parallel, n_batch=n_batch,
                             n_ubatch=n_ubatch, n_threads=n_threads, n_threads_draft=n_threads_draft,
                             flash_attn=flash_attn, kv_f32=kv_f32, n_rs_seq=n_rs_seq,
                             n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers,
@@ -156,20 +157,17 @@ class Engine:
         self.rollback_dft = DraftRollback(self.ctx_dft, self.dft_level, reuse_kv=parts.reuse_kv)
         self.vocab = self.model.vocab
         self.slots = [Slot(i) for i in range(n_parallel)]
-        #: adaptive draft length (SpecParams.draft_adaptive, on by default): online costs in units of one target
-        #: decode; for chains of draft-model drafters only (n-gram drafters and auto choose their own lengths)
-        self.cost_model = CostModel() if (self.chain is not None and spec.draft_adaptive_on()
-                                          and all(t in ADAPTIVE_TYPES for t in self.chain.types)) else None
+        adaptive = (self.chain is not None and spec.draft_adaptive_on()
+                    and all(t in ADAPTIVE_TYPES for t in self.chain.types))
         #: rows one slot may put in a decode: its [sampled] + draft must fit n_batch and its output rows
         n_rows_max_per_seq = min(self.ctx.n_batch, self.ctx.n_outputs_max_per_seq, self.ctx.n_outputs_max)
         self.budget = DraftBudget(self.ctx.n_ctx_seq, n_rows_max_per_seq, self.chain.n_max if self.chain else 0,
-                                  self.cost_model, self.rollback_tgt.needs_checkpoint)
+                                  self.cost_model if adaptive else None, self.rollback_tgt.needs_checkpoint)
         self.scheduler = Scheduler(self.slots, self.rollback_tgt, self.rollback_dft, self.chain, self.budget,
                                    verify=verify, ctx=self.ctx, is_eog=self.vocab.is_eog,
                                    synth_cond=self.synth_cond, cache_prompt=cache_prompt)
         self.round = Round(self.ctx, self.chain, self.vocab, self.rollback_tgt, self.rollback_dft, self.budget,
                            self.cost_model, spec.replay_accept_corrected)
-        # threads: one thread at a time runs step(); submit / cancel queue work for it
         self._stepper = Stepper(self._step, self.scheduler.has_work, lambda: self._closed)
         self._id_lock = threading.Lock()
         self._next_id = 0
@@ -267,19 +265,21 @@ class Engine:
         return req
 
     def cancel(self, request: "Request | Slot") -> None:
-        """Abandon a request (any thread): its memory is freed and its slot becomes reusable. (The
-        :class:`~llamaspec.request.Driver` side of ``Request.cancel``.)"""
+        """Abandon a request (any thread): its memory is freed and its slot becomes reusable (also the
+        :class:`~llamaspec.request.Driver` side of ``Request.cancel``)."""
         if isinstance(request, Slot):
             request = self.scheduler.serving.get(request.id)
-            if request is not None:
-                request.cancel()
-            return
+            return request.cancel() if request is not None else None
         self.scheduler.request_cancel(request)
         self._stepper.run_now(self.scheduler.apply_cancels)
 
     @property
     def active(self) -> list[Slot]:
         return self.scheduler.active
+
+    def request_in_slot(self, slot_id: int) -> Request | None:
+        """The request slot ``slot_id`` serves now (None: idle)."""
+        return self.scheduler.serving.get(slot_id) if not self.scheduler.free(self.slots[slot_id]) else None
 
     @property
     def n_deferred(self) -> int:

@@ -278,7 +278,8 @@ class TargetRollback(Rollback):
 
 class DraftRollback(Rollback):
     """The draft model's context. A FULL draft memory is saved before drafting and reloaded after it; where
-    llama.cpp aborts (a FULL draft with a trimming target, spec §7.5), it reloads and re-decodes instead."""
+    llama.cpp aborts (a FULL draft with a trimming target, spec §7.5), it reloads and says from where the
+    committed tokens must be decoded again (the drafter decodes them, in its own ids)."""
 
     def __init__(self, ctx: "llama.Context | None", level: Level, *, reuse_kv: bool = False):
         super().__init__(ctx, level)
@@ -301,29 +302,29 @@ class DraftRollback(Rollback):
         if not self.reuse_kv:
             self.trim(seq_id, ckpt.pos_max + 1)
 
-    def restore(self, seq_id: int, ckpt: Checkpoint, tokens: list[int]) -> None:
-        """Back to the checkpoint (``tokens``: the sequence's committed tokens)."""
+    def restore(self, seq_id: int, ckpt: Checkpoint) -> int | None:
+        """Back to the checkpoint. Returns None, or the position from which the committed tokens must be
+        decoded again into the draft context (see :meth:`commit`)."""
         if self.ctx is None:
-            return
+            return None
         self._load(seq_id, ckpt.data_dft)
-        self._trim_or_redecode(seq_id, ckpt.pos_max + 1, ckpt, tokens)
+        return self._trim_or_reload(seq_id, ckpt.pos_max + 1, ckpt)
 
-    def commit(self, seq_id: int, n_past: int, ckpt: Checkpoint, tokens: list[int]) -> None:
-        """Drop the rejected rows (``tokens``: the sequence's committed tokens, ``n_past`` of them)."""
-        if self.ctx is not None:
-            self._trim_or_redecode(seq_id, n_past, ckpt, tokens)
+    def commit(self, seq_id: int, n_past: int, ckpt: Checkpoint) -> int | None:
+        """Drop the rejected rows. Returns None, or, where a FULL memory refused the trim and was reloaded
+        from its checkpoint, the position from which the committed tokens up to ``n_past`` must be decoded
+        again: the drafter does that (``Drafter.redecode``, in its own token ids)."""
+        if self.ctx is None:
+            return None
+        return self._trim_or_reload(seq_id, n_past, ckpt)
 
-    def _trim_or_redecode(self, seq_id: int, pos: int, ckpt: Checkpoint, tokens: list[int]) -> None:
-        """Trim at ``pos``; a FULL memory that refuses is reloaded from the checkpoint and the committed
-        tokens after it are decoded again."""
+    def _trim_or_reload(self, seq_id: int, pos: int, ckpt: Checkpoint) -> int | None:
         memory = self.ctx.memory
         if memory.seq_rm(seq_id, pos, -1):
-            return
+            return None
         if self.level is not Level.FULL or not ckpt.data_dft:
             raise MemoryOpError(f"seq_rm on the draft context was refused (sequence {seq_id}, pos {pos})")
         self._load(seq_id, ckpt.data_dft)
         if not memory.seq_rm(seq_id, ckpt.pos_max + 1, -1):
             raise MemoryOpError(f"could not roll back the draft context of sequence {seq_id}")
-        redo = tokens[ckpt.n_tokens : pos]
-        if redo:
-            self.ctx.decode_tokens(redo, ckpt.n_tokens, seq_id, output_last=True)
+        return ckpt.n_tokens if ckpt.n_tokens < pos else None

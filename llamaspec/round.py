@@ -381,7 +381,7 @@ class Round:
             s.spec_ckpt.drop_sampler()
             if self.rollback_tgt.commit(s.seq_id, s.n_past):
                 s.stats.n_trims += 1
-            self.rollback_dft.commit(s.seq_id, s.n_past, s.spec_ckpt, s.tokens)
+            self._redecode_draft(s, self.rollback_dft.commit(s.seq_id, s.n_past, s.spec_ckpt), s.n_past)
         # 9. emit
         self._emit(s, accepted, n_from_draft)
 
@@ -398,9 +398,18 @@ class Round:
             s.sampler.copy_from(sampler)
             sampler.close()
         s.stats.n_restores += 1
-        self.rollback_dft.restore(s.seq_id, ckpt, s.tokens)
+        self._redecode_draft(s, self.rollback_dft.restore(s.seq_id, ckpt), ckpt.pos_max + 1)
         if self.cost_model is not None:
             self.cost_model.add_restore((time.perf_counter() - t0) * 1e3)
+
+    def _redecode_draft(self, s: Slot, pos0: int | None, end: int) -> None:
+        """A FULL draft memory went back to its checkpoint at ``pos0``: the committed tokens up to ``end``
+        are decoded into it again, by the drafter that owns it (a trimmed vocabulary maps the ids)."""
+        if pos0 is None:
+            return
+        redo = s.tokens[pos0:end]
+        if redo and not (self.chain is not None and self.chain.redecode(s.seq_id, redo, pos0)):
+            self.rollback_dft.ctx.decode_tokens(redo, pos0, s.seq_id, output_last=True)
 
     def _count_accepted(self, s: Slot, n_accepted: int, is_replay: bool) -> int:
         """Statistics of one verified draft; returns how many emitted tokens came from a draft."""

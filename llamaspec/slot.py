@@ -9,6 +9,7 @@ import numpy as np
 
 from . import _llama as llama
 from .memory import Checkpoint, PromptCheckpoint
+from .stats import add_per_position
 from .text import TextStream
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,18 +34,6 @@ class FinishReason(str, enum.Enum):
 
     def __str__(self) -> str:  # pragma: no cover - cosmetic
         return self.value
-
-
-def add_per_position(per: list[int], counts: "list[int]") -> None:
-    """``per[i] += counts[i]``, growing ``per`` as needed (per-position acceptance histograms).
-
-    >>> per = [2, 1]; add_per_position(per, [1, 1, 1]); per
-    [3, 2, 1]
-    """
-    if len(per) < len(counts):
-        per.extend([0] * (len(counts) - len(per)))
-    for i, c in enumerate(counts):
-        per[i] += c
 
 
 @dataclass

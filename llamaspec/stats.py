@@ -5,6 +5,18 @@ import time
 from dataclasses import dataclass, field
 
 
+def add_per_position(per: list[int], counts: "list[int]") -> None:
+    """``per[i] += counts[i]``, growing ``per`` as needed (per-position acceptance histograms).
+
+    >>> per = [2, 1]; add_per_position(per, [1, 1, 1]); per
+    [3, 2, 1]
+    """
+    if len(per) < len(counts):
+        per.extend([0] * (len(counts) - len(per)))
+    for i, c in enumerate(counts):
+        per[i] += c
+
+
 @dataclass
 class DrafterStats:
     n_call_begin: int = 0

@@ -6,7 +6,7 @@ import doctest
 import pytest
 
 import llamaspec.adaptive as adaptive
-from llamaspec.adaptive import CostModel, DraftLengthController, best_draft_length, expected_tokens
+from llamaspec.adaptive import default_verify_cost, CostModel, DraftLengthController, best_draft_length, expected_tokens
 from llamaspec.engine import Engine
 from llamaspec.params import SpecParams
 
@@ -52,11 +52,11 @@ def test_controller_learns_per_position_and_explores():
 
 def test_cost_model_from_measurements():
     m = CostModel(alpha=1.0)
-    assert m.verify_cost(3) == pytest.approx(1.15) and m.draft_cost() == 0.3  # priors until measured
+    assert m.verify_cost(3) == pytest.approx(default_verify_cost(3)) and m.draft_step_cost(1) == 0.3  # priors until measured
     m.add_decode(1, 20.0)
     m.add_decode(3, 24.0)
     m.add_draft(4, 16.0)
-    assert m.verify_cost(2) == pytest.approx(1.2) and m.draft_cost() == pytest.approx(0.2)
+    assert m.verify_cost(2) == pytest.approx(1.2) and m.draft_step_cost(1) == pytest.approx(0.2)
     assert m.verify_cost(4) == pytest.approx(1.4)  # 5 rows, beyond the last measurement: the same slope
 
 
@@ -81,7 +81,7 @@ def test_parity_turns_adaptive_off(tiny_model):
     p = SpecParams()
     p.draft_adaptive, p.parity = True, True
     with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=p, n_ctx=256) as e:
-        assert e.cost_model is None and not e.chain.impls[0].reuse_kv
+        assert not e.budget.adaptive and not e.chain.impls[0].reuse_kv
 
 
 def test_cost_model_without_a_one_row_decode():
@@ -95,7 +95,7 @@ def test_cost_model_without_a_one_row_decode():
     assert m.verify_cost(3) == pytest.approx(1.4) and m.verify_cost(15) == pytest.approx(2.2)
     assert m.draft_step_cost(4) == pytest.approx(0.3 * 1.4)
     m.add_draft(12, 30.0, n_seqs=4, n_steps=3)
-    assert m.draft_step_cost(4) == pytest.approx(0.5) and m.draft_cost() == pytest.approx(0.5 / 1.4)
+    assert m.draft_step_cost(4) == pytest.approx(0.5) and m.draft_step_cost(1) == pytest.approx(0.5 / 1.4)
     # 4 slots at acceptance 0.9: a shared length of 3 pays (before: step cost 4 x 0.3 and no drafting)
     from llamaspec.adaptive import best_shared_length
     assert best_shared_length([[0.9] * 3] * 4, [3] * 4, lambda rows: m.verify_cost(rows - 1), m.draft_step_cost(4)) == 3

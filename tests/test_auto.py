@@ -198,9 +198,9 @@ def test_gate_switches_a_losing_drafter_off_and_retries():
 
 def test_gate_starts_fresh_for_a_new_request():
     gated, drafted = run_gate(0, 6, {1: 10.0, 4: 16.0})
-    assert drafted[-1] == 0 and gated.gates[0].off > 0
+    assert drafted[-1] == 0 and gated.gates[0].off_rounds > 0
     gated.begin(0, [1, 2, 3])
-    assert gated.gates[0].off == 0 and gated.gates[0].n == 0
+    assert gated.gates[0].off_rounds == 0 and gated.gates[0].n_rounds == 0
 
 
 def test_gate_expected_gain_before_a_slot_measures():
@@ -209,10 +209,10 @@ def test_gate_expected_gain_before_a_slot_measures():
     gated, _ = run_gate(3, 30, {1: 10.0, 4: 12.0}, draft_ms=1.0)
     own = gated.expected_gain(0)
     gated.begin(0, [1, 2, 3])
-    assert gated.gates[0].n == 0
+    assert gated.gates[0].n_rounds == 0
     assert gated.expected_gain(0) == pytest.approx(gated.overall.gain()) and gated.expected_gain(0) > 1.5
     assert abs(gated.expected_gain(0) - own) < 0.5
-    gated.gates[0].off = 4
+    gated.gates[0].off_rounds = 4
     assert gated.expected_gain(0) == 1.0
     fresh, _ = run_gate(3, 0, {1: 10.0, 4: 12.0})
     assert fresh.expected_gain(0) == 1.0   # nothing measured yet

@@ -20,6 +20,7 @@ MODULES = [
     "llamaspec.adaptive",
     "llamaspec.bench.modes",
     "llamaspec.cli.generate",
+    "llamaspec.scheduler",
 ]
 
 
@@ -28,3 +29,4 @@ def test_doctests(name):
     mod = importlib.import_module(name)
     res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert res.failed == 0
+    assert res.attempted > 0, f"{name} has no worked examples left: drop it from the list or add one"

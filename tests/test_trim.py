@@ -225,3 +225,39 @@ def test_unwritable_cache_falls_back_or_says_what_to_do(tiny_model, tmp_path, mo
         trim.draft_path(src, 40, asked=True, cache=blocker)
     monkeypatch.setattr(trim, "trim_pays", lambda *a, **k: (True, "forced"))
     assert trim.draft_path(src, 40, asked=False, cache=blocker) == (src, False)
+
+
+def test_a_recurrent_draft_with_a_trimmed_vocabulary_is_redecoded_in_its_own_ids(tiny_model, tmp_path, monkeypatch):
+    """Issue 21, finding 2: a FULL (recurrent) draft memory cannot drop rejected rows, so it is reloaded from
+    its checkpoint and the committed tokens are decoded again. With a trimmed vocabulary those tokens must go
+    in as the draft's ids (the drafter maps them), not as the target's: every position the draft context
+    holds at the end must read back, through the draft's id map, as the committed token there."""
+    src = tmp_path / "lfm2.gguf"
+    shutil.copy(tiny_model("lfm2"), src)
+    dest = tmp_path / "lfm2.trim.gguf"
+    trim.trim_vocab_gguf(src, dest, KEEP, n_slots=16)
+    written: dict[int, int] = {}  # position -> draft id last decoded there (sequence 0)
+    real_decode = L.Context.decode
+
+    with Engine(tiny_model("lfm2"), n_ctx=256, **EXACT) as e:
+        ref = e.generate(PROMPT, n_predict=N).tokens
+    with Engine(tiny_model("lfm2"), draft=dest, spec=spec(), n_ctx=256, n_rs_seq=8, **EXACT) as e:
+        assert str(e.tgt_level) == "RS" and str(e.dft_level) == "FULL"  # the path under test
+        ctx_dft, d = e.ctx_dft, e.chain.impls[0]
+
+        def recording(self, rows, *a, **k):
+            if self is ctx_dft:
+                for r in rows:
+                    if r.seq_id == 0:
+                        written[r.pos] = r.token
+            return real_decode(self, rows, *a, **k)
+
+        monkeypatch.setattr(L.Context, "decode", recording)
+        r = e.generate(PROMPT, n_predict=N)
+        to_tgt = d._to_tgt
+    assert r.tokens == ref
+    assert r.stats.n_accepted > 0 and r.stats.n_trims > 0  # drafts were partly rejected and trimmed
+    committed = PROMPT + r.tokens[:-1]
+    wrong = [(pos, committed[pos], int(to_tgt[tok])) for pos, tok in sorted(written.items())
+             if pos < len(committed) and int(to_tgt[tok]) != committed[pos]]
+    assert not wrong, f"(position, committed token, token the draft holds): {wrong[:5]}"

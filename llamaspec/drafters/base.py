@@ -91,6 +91,12 @@ class Drafter:
     def reset(self, seq_id: int) -> None:
         """Drop per-sequence caches that may no longer match memory (after an error or a cancel)."""
 
+    def redecode(self, seq_id: int, tokens: Sequence[int], pos0: int) -> bool:
+        """A FULL draft memory was reloaded from its checkpoint: decode the committed ``tokens`` (target ids)
+        at positions ``pos0..`` into the drafter's own context again. True when this drafter owns the draft
+        context and did it (it maps the ids, e.g. for a trimmed vocabulary); default: not its context."""
+        return False
+
     def get_state(self, seq_id: int) -> bytes | None:
         return None
 

@@ -236,6 +236,15 @@ class DraftSimple(Drafter):
                 self._decoded[seq] = None
         return out
 
+    def redecode(self, seq_id: int, tokens: Sequence[int], pos0: int) -> bool:
+        """After a FULL draft memory was reloaded: the committed ``tokens`` again, in the draft's ids."""
+        rows = self._dft_rows([llama.Row(t, pos0 + i, seq_id, False) for i, t in enumerate(tokens)], out_last=True)
+        for chunk in llama.chunks(rows, self.ctx_dft.n_batch):
+            if not chunk[-1].output:
+                chunk = chunk[:-1] + [llama.Row(chunk[-1].token, chunk[-1].pos, chunk[-1].seq_id, True)]
+            self.ctx_dft.decode(chunk)
+        return True
+
     def process(self, rows: Sequence[llama.Row]) -> bool:
         if not rows:
             return True

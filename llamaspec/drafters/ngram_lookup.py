@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..adaptive import CostModel, default_verify_cost
+from ..adaptive import CostModel, Explorer, default_verify_cost
 from ..params import NgramLookupParams
 from .base import DraftParams, Drafter
 
@@ -152,9 +152,9 @@ def lookup_draft(seq: Sequence[int], key_max: int, n: int) -> list[int]:
 class _Slot:
     """One sequence's history, its n-gram index and its acceptance counts."""
 
-    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "idle", "explore_gap", "exploring", "k_lim")
+    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "explorer", "k_lim")
 
-    def __init__(self, key_max: int, k_lim: int = 0):
+    def __init__(self, key_max: int, k_lim: int = 0, explore_every: int = 8):
         self.toks: list[int] = []
         self.idx: list[dict[int, int]] = [dict() for _ in range(key_max)]
         nb = len(BUCKETS)
@@ -162,9 +162,9 @@ class _Slot:
         self.q_n, self.q_a = [0.0] * nb, [0.0] * nb
         self.last_bucket = -1
         self.last_k = 0
-        self.idle = 0
-        self.explore_gap = 0  # rounds between exploration drafts (0 = the configured explore_every)
-        self.exploring = False
+        #: after ``explore_every`` rounds not paying, a short draft; one that finds nothing looks less often
+        #: (up to 8x the interval)
+        self.explorer = Explorer(explore_every, backoff=8)
         self.k_lim = k_lim  # the longest draft this slot may risk now (0 = no limit)
 
     # -- index ----------------------------------------------------------------------------------
@@ -288,7 +288,7 @@ class NgramLookup(Drafter):
             raise ValueError(f"ngram-lookup key_max must be >= 1, got {p.key_max}")
         self.params = p
         self.n_max = p.n_max
-        self._slots = [_Slot(p.key_max, p.k_start) for _ in range(n_seq)]
+        self._slots = [_Slot(p.key_max, p.k_start, p.explore_every) for _ in range(n_seq)]
         #: drafter-wide acceptance (a prior for new requests): decayed counts per bucket
         nb = len(BUCKETS)
         self._g_p1 = [[PRIOR_P1[b] * 4, 4.0] for b in range(nb)]
@@ -321,12 +321,12 @@ class NgramLookup(Drafter):
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
         """A new request: index its prompt; the slot's acceptance counts start again from the drafter-wide
         prior (what earlier requests measured)."""
-        st = _Slot(self.params.key_max, self.params.k_start)
+        st = _Slot(self.params.key_max, self.params.k_start, self.params.explore_every)
         st.build(prompt)
         self._slots[seq_id] = st
 
     def reset(self, seq_id: int) -> None:
-        self._slots[seq_id] = _Slot(self.params.key_max, self.params.k_start)
+        self._slots[seq_id] = _Slot(self.params.key_max, self.params.k_start, self.params.explore_every)
 
     def set_k_start(self, k: int) -> None:
         """Limit each slot's first drafts to ``k`` tokens (``NgramLookupParams.k_start``)."""
@@ -362,14 +362,12 @@ class NgramLookup(Drafter):
                 p1, q = st.rates(b, priors[0], priors[1], p.prior_weight)
                 k = best_length_table(p1, q, self._cost_table(), k_cap, floor=self.gain_floor(seq_id))
                 if k == 0:
-                    st.idle += 1
-                    if st.idle < max(st.explore_gap, p.explore_every):
+                    if not st.explorer.idle():
                         self.skips["not-paying"] += 1
                         continue
                     k = min(2, k_cap)  # look again: the text may have changed
                     self.n_explore += 1
-                    st.exploring = True
-                st.idle = 0
+                st.explorer.drafted()
             else:
                 k = k_cap
             if dp.n_min is not None and k < dp.n_min:
@@ -389,11 +387,7 @@ class NgramLookup(Drafter):
                 st.k_lim = min(2 * st.k_lim, max(self.n_max, 1))
             elif 2 * n_accepted < k:
                 st.k_lim = max(self.params.k_start, st.k_lim // 2)
-        if n_accepted > 0:
-            st.explore_gap = 0
-        elif st.exploring:  # looked again in vain: look less often (up to 8x the configured interval)
-            st.explore_gap = min(2 * max(st.explore_gap, self.params.explore_every), 8 * self.params.explore_every)
-        st.exploring = False
+        st.explorer.result(n_accepted)
         g = 0.98  # the drafter-wide prior follows every slot slowly
         gp = self._g_p1[b]
         gp[0], gp[1] = gp[0] * g + (1.0 if n_accepted > 0 else 0.0), gp[1] * g + 1.0

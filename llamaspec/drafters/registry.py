@@ -18,6 +18,7 @@ from .base import Drafter
 
 if TYPE_CHECKING:  # pragma: no cover
     from .. import _llama as llama
+    from ..adaptive import CostModel
     from .ngram_lookup import NgramLookup
 
 __all__ = ["FACTORIES", "Factory", "build_chain"]
@@ -98,6 +99,7 @@ def _draft_dspark(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
 
 
 def _ngram_lookup(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> "NgramLookup":
+    from ..adaptive import CostModel
     from .ngram_lookup import NgramLookup
 
     return NgramLookup(n_seq, p.ngram_lookup)
@@ -118,8 +120,10 @@ FACTORIES: dict[SpecType, Factory] = {
 }
 
 
-def build_chain(params: SpecParams, n_seq: int, ctx_tgt: "llama.Context", ctx_dft: "llama.Context | None") -> Chain | None:
-    """Instantiate the enabled drafters in priority order; ``None`` when nothing is enabled.
+def build_chain(params: SpecParams, n_seq: int, ctx_tgt: "llama.Context", ctx_dft: "llama.Context | None",
+                cost_model: "CostModel | None" = None) -> Chain | None:
+    """Instantiate the enabled drafters in priority order; ``None`` when nothing is enabled. ``cost_model``:
+    the engine's (the drafters that price their own drafts read it).
 
     ``auto`` (beyond llama.cpp, :mod:`llamaspec.auto`): ngram-lookup, then the draft model when there is a
     draft context, handed to :func:`~llamaspec.auto.build_auto_chain`. Any constructor error aborts the
@@ -133,7 +137,7 @@ def build_chain(params: SpecParams, n_seq: int, ctx_tgt: "llama.Context", ctx_df
             draft = _draft_simple(params, n_seq, ctx_tgt, ctx_dft) if ctx_dft is not None else None
             if draft is not None:
                 impls.append(draft)
-            return build_auto_chain(ngram, draft, n_seq, adaptive=params.draft_adaptive_on())
+            return build_auto_chain(ngram, draft, n_seq, cost=cost_model, adaptive=params.draft_adaptive_on())
         for t in params.enabled():
             f = FACTORIES.get(t)
             if f is None:
