@@ -97,6 +97,29 @@ def build_parts(
     rpc_servers_draft: Sequence[str] | None = None,
     cost_model: "CostModel | None" = None,
 ) -> EngineParts:
+    """The Engine's native parts: models, contexts (each probed for its rollback level), the chain.
+
+    GPU offload and threads, with llama.cpp's meaning (None = llama.cpp's default; CLI flag in brackets):
+
+    * ``n_gpu_layers`` (``-ngl``): target layers in VRAM; -1 (llama.cpp's default) = all, 0 = CPU only.
+      A CPU-only build of llama.cpp ignores it. ``n_gpu_layers_draft`` (``-ngld``): the same for the draft.
+    * ``split_mode`` (``-sm``): ``"none"``, ``"layer"`` (llama.cpp's default), ``"row"`` or ``"tensor"``;
+      ``tensor_split`` (``-ts``): proportions per GPU, e.g. ``[3, 1]``; ``main_gpu`` (``-mg``): the GPU
+      used with split mode none. The draft model uses the target's placement.
+    * ``n_threads`` (``-t``, default: all available cores), ``n_threads_batch`` (``-tb``, default
+      ``n_threads``); ``n_threads_draft`` (``-td``, default ``n_threads``) for the draft's generation, whose
+      batch threads follow ``n_threads_batch`` (as llama.cpp's ``-tbd`` default).
+    * ``rpc_servers`` (``--rpc``): ``"host:port"`` list (or one comma-separated string) of llama.cpp RPC
+      servers (``ggml-rpc-server``) that hold the target's offloaded layers, split by ``tensor_split`` in
+      the order given; ``rpc_servers_draft`` (``--rpc-draft``) the same for the draft, which stays local
+      by default. Needs a llama.cpp built with RPC (:mod:`llamaspec._llama.rpc`). A server that fails
+      mid-generation fails the requests with one :class:`~llamaspec.errors.RpcError` line; the engine
+      then refuses new work and the process needs a restart to use RPC again.
+
+    The offload settings apply to models this engine loads from a path: a ``target`` or ``draft`` passed
+    as an already loaded :class:`~llamaspec._llama.Model` keeps its own placement (load it with
+    ``Model(path, n_gpu_layers=...)``). Bad values raise :class:`UsageError` before anything is loaded.
+    """
     check_device_params(n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, main_gpu=main_gpu,
                         split_mode=split_mode, tensor_split=tensor_split, n_threads=n_threads,
                         n_threads_batch=n_threads_batch, n_threads_draft=n_threads_draft,

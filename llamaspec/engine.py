@@ -21,6 +21,7 @@ the tokens in the sequence's memory: after every round ``seq_pos_max(seq) == n_p
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
@@ -36,7 +37,7 @@ from .errors import EngineClosedError, UsageError
 from .memory import DraftRollback, TargetRollback
 from .params import ADAPTIVE_DRAFT_N_MAX, ADAPTIVE_TYPES, VERIFY_MODES, RequestSpec, SpecParams
 from .policy import DraftBudget
-from .request import Request, RequestState, check_request
+from .request import Request, RequestState, check_request, resolve_sampling
 from .round import Round, RoundOutcome
 from .sampler import TargetSampler
 from .scheduler import Scheduler
@@ -49,6 +50,15 @@ __all__ = ["Engine", "Chunk", "FinishReason", "GenerationResult", "GenerationSta
 log = logging.getLogger("llamaspec")
 
 DEFAULT_N_CTX = 4096
+
+
+def _cancel_on_exit(req: Request) -> Iterator[Chunk]:
+    """``req``'s chunks; leaving early (an exception, an abandoned iterator) cancels the request."""
+    try:
+        yield from req.chunks()
+    finally:
+        if not req.done:
+            req.cancel()
 
 
 class Engine:
@@ -91,26 +101,9 @@ class Engine:
         """``drafters``: your own :class:`~llamaspec.drafters.base.Drafter` objects, in priority order, used
         instead of the chain that ``spec`` describes (their ``n_seq`` must equal ``n_parallel``).
 
-        GPU offload and threads, with llama.cpp's meaning (None = llama.cpp's default; CLI flag in brackets):
-
-        * ``n_gpu_layers`` (``-ngl``): target layers in VRAM; -1 (llama.cpp's default) = all, 0 = CPU only.
-          A CPU-only build of llama.cpp ignores it. ``n_gpu_layers_draft`` (``-ngld``): the same for the draft.
-        * ``split_mode`` (``-sm``): ``"none"``, ``"layer"`` (llama.cpp's default), ``"row"`` or ``"tensor"``;
-          ``tensor_split`` (``-ts``): proportions per GPU, e.g. ``[3, 1]``; ``main_gpu`` (``-mg``): the GPU
-          used with split mode none. The draft model uses the target's placement.
-        * ``n_threads`` (``-t``, default: all available cores), ``n_threads_batch`` (``-tb``, default
-          ``n_threads``); ``n_threads_draft`` (``-td``, default ``n_threads``) for the draft's generation, whose
-          batch threads follow ``n_threads_batch`` (as llama.cpp's ``-tbd`` default).
-        * ``rpc_servers`` (``--rpc``): ``"host:port"`` list (or one comma-separated string) of llama.cpp RPC
-          servers (``ggml-rpc-server``) that hold the target's offloaded layers, split by ``tensor_split`` in
-          the order given; ``rpc_servers_draft`` (``--rpc-draft``) the same for the draft, which stays local
-          by default. Needs a llama.cpp built with RPC (:mod:`llamaspec._llama.rpc`). A server that fails
-          mid-generation fails the requests with one :class:`~llamaspec.errors.RpcError` line; the engine
-          then refuses new work and the process needs a restart to use RPC again.
-
-        The offload settings apply to models this engine loads from a path: a ``target`` or ``draft`` passed
-        as an already loaded :class:`~llamaspec._llama.Model` keeps its own placement (load it with
-        ``Model(path, n_gpu_layers=...)``). Bad values raise :class:`UsageError` before anything is loaded.
+        GPU offload, threads and RPC servers (``n_gpu_layers``, ``n_gpu_layers_draft``, ``split_mode``,
+        ``tensor_split``, ``main_gpu``, ``n_threads``, ``n_threads_batch``, ``n_threads_draft``, ``rpc_servers``,
+        ``rpc_servers_draft``) have llama.cpp's meaning: :func:`llamaspec.contexts.build_parts` says each.
 
         ``cache_prompt``: a finished request's tokens stay in its slot's memory, and the next request with
         a common prefix decodes only the rest (llama-server's prompt cache; see :mod:`llamaspec.scheduler`).
@@ -253,7 +246,7 @@ class Engine:
                       n_ctx_train=self.model.n_ctx_train, n_parallel=self.n_parallel)
         if speculative is not None:
             speculative.validate(self.chain.n_max if self.chain is not None else 0)
-        sampling = sampling or llama.SamplingParams(temp=0.0)
+        sampling = resolve_sampling(sampling or llama.SamplingParams(temp=0.0), self.n_ctx_seq)
         sampler = TargetSampler(self.vocab, sampling)
         with self._id_lock:
             self._next_id += 1
@@ -362,6 +355,10 @@ class Engine:
         """Make progress for ``req`` (the :class:`~llamaspec.request.Driver` side of reading a request)."""
         return self._stepper.wait(lambda: req.has_output, timeout)
 
+    def wait_until(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """Make progress (or wait for the engine thread's) until ``ready()``; False when ``timeout`` passed."""
+        return self._stepper.wait(ready, timeout)
+
     def start(self) -> None:
         """Run steps in a background thread while there is work (idempotent). Requests then only wait."""
         self._check_open()
@@ -377,25 +374,17 @@ class Engine:
     def stream(self, prompt: str | Sequence[int], **kw) -> Iterator[Chunk]:
         """Generate for one prompt, yielding a :class:`Chunk` per round (``submit``'s keywords).
         Abandoning the iterator cancels the request, which frees its slot and memory."""
-        req = self.submit(prompt, **kw)
-        try:
-            yield from req.chunks()
-        finally:
-            if not req.done:
-                req.cancel()
+        yield from _cancel_on_exit(self.submit(prompt, **kw))
 
     def generate(self, prompt: str | Sequence[int], *, on_chunk: Callable[[Chunk], None] | None = None,
                  **kw) -> GenerationResult:
         """Generate for one prompt and return the whole result (``submit``'s keywords). Raises
         :class:`~llamaspec.errors.RequestError` when the request failed."""
         req = self.submit(prompt, **kw)
-        try:
-            for ch in req.chunks():
+        with contextlib.closing(_cancel_on_exit(req)) as chunks:
+            for ch in chunks:
                 if on_chunk is not None:
                     on_chunk(ch)
-        finally:
-            if not req.done:
-                req.cancel()
         req.raise_for_error()
         return req.to_result()
 

@@ -13,6 +13,7 @@ thread is stepping; with one, a server's, it just waits) and ``cancel``.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import threading
 from collections import deque
@@ -57,6 +58,23 @@ def check_request(tokens: Sequence[int], n_predict: int, id_slot: int, *, n_voca
         raise UsageError(f"n_predict must be >= -1 (-1 = until end of generation or context), got {n_predict}")
     if not -1 <= id_slot < n_parallel:
         raise UsageError(f"id_slot must be -1 (any) or 0..{n_parallel - 1}, got {id_slot}")
+
+
+def resolve_sampling(sampling: "llama.SamplingParams", n_ctx_seq: int) -> "llama.SamplingParams":
+    """``sampling`` with llama.h's conventions applied for this context: ``repeat_last_n`` -1 is the context
+    size (0 = off); a window beyond the context is refused (it would only ask llama.cpp for memory).
+
+    >>> from llamaspec._llama.sampler import SamplingParams
+    >>> resolve_sampling(SamplingParams(repeat_last_n=-1), 512).repeat_last_n
+    512
+    """
+    n = sampling.repeat_last_n
+    if n == -1:
+        return dataclasses.replace(sampling, repeat_last_n=n_ctx_seq)
+    if not 0 <= n <= n_ctx_seq:
+        raise UsageError(f"repeat_last_n must be -1 (the context size), 0 (off) or up to the context size "
+                         f"{n_ctx_seq}, got {n}")
+    return sampling
 
 
 class RequestState(enum.Enum):

@@ -102,6 +102,8 @@ class Round:
         t0 = time.perf_counter()
         self.ctx.decode(rows)
         if self.cost_model is not None and all(r.output for r in rows):  # verification rows: v(k)
+            # on an asynchronous backend (CUDA, Metal) decode returns before the work is done: time the work
+            self.ctx.wait_for_outputs()
             self.cost_model.add_decode(len(rows), (time.perf_counter() - t0) * 1e3)
         self.counters.n_decode += 1
         self.counters.n_busy_slots += len({r.seq_id for r in rows})

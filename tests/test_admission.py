@@ -109,3 +109,29 @@ def test_replay_rounds_do_not_mark_the_targets_token_as_drafted(tiny_model):
     # every emitted token marked as drafted is an accepted draft token (the last chunk may cut some off)
     assert sum(res.drafted_mask) <= st.n_accepted
     assert sum(res.drafted_mask) >= st.n_accepted - 3  # at most one draft's worth (n_max 3) cut at the end
+
+
+def test_decode_costs_are_timed_to_the_end_of_the_work(tiny_model, monkeypatch):
+    """Issue 24: on CUDA / Metal ``llama_decode`` returns before its kernels finish. A context whose decode
+    returns at once and whose work ends only when waited for must still be priced by the work's time."""
+    from llamaspec import _llama as L
+
+    real_decode = L.Context.decode
+    pending = {"ms": 0.0}
+
+    def early_decode(self, rows, *a, **k):
+        real_decode(self, rows, *a, **k)
+        pending["ms"] = 30.0  # the "kernels" still run: 30 ms of work that only a wait sees
+
+    def wait(self):
+        import time
+        time.sleep(pending["ms"] / 1e3)
+        pending["ms"] = 0.0
+
+    monkeypatch.setattr(L.Context, "decode", early_decode)
+    monkeypatch.setattr(L.Context, "wait_for_outputs", wait)
+    monkeypatch.setattr(L.Context, "synchronize", wait)
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=_spec(), n_ctx=256, **EXACT) as e:
+        e.generate(PROMPT, n_predict=12)
+        measured = e.cost_model.decode_ms
+    assert measured and min(measured.values()) >= 25.0, measured

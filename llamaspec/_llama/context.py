@@ -310,6 +310,12 @@ class Context(_Owned):
             raise DecodeError(f"no logits for batch row {i} (was its output flag set?)")
         return p
 
+    def wait_for_outputs(self) -> None:
+        """Wait until the last decode's work is done (an asynchronous backend returns from ``decode`` before
+        it; an RPC decode has already waited)."""
+        if not self._rpc:
+            native.llama_synchronize(self.live_ptr())
+
     def synchronize(self) -> None:
         if self._rpc:
             rpc.call(native.llama_synchronize, self.live_ptr(), what="a synchronize", timeout=rpc.DECODE_TIMEOUT_S)

@@ -47,6 +47,9 @@ class SamplingParams:
             raise UsageError(f"top-p must be in [0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise UsageError(f"min-p must be in [0, 1], got {self.min_p}")
+        if self.repeat_last_n < -1:
+            raise UsageError(f"repeat-last-n must be -1 (the context size), 0 (off) or a positive window, got "
+                             f"{self.repeat_last_n}")
         if self.repeat_penalty <= 0:
             raise UsageError(f"repeat-penalty must be > 0 (1.0 disables it), got {self.repeat_penalty}")
         if not 0 <= self.seed <= 0xFFFFFFFF:

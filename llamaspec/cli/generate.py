@@ -95,7 +95,7 @@ def _parse_logit_bias(text: str) -> tuple[int, float]:
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0), default=0.95, show_default=True, help="Top-p (1.0 = off).")
 @click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=0.05, show_default=True, help="Min-p (0.0 = off).")
 @click.option("--repeat-penalty", type=click.FloatRange(min=0.0, min_open=True), default=1.0, show_default=True, help="Repetition penalty (1.0 = off).")
-@click.option("--repeat-last-n", type=click.IntRange(min=-1), default=64, show_default=True, help="Tokens the repetition penalty looks at.")
+@click.option("--repeat-last-n", type=click.IntRange(-1, (1 << 31) - 1), default=64, show_default=True, help="Tokens the repetition penalty looks at (0 = off, -1 = the context size).")
 @click.option("-s", "--seed", type=click.IntRange(min=-1, max=0xFFFFFFFF), default=-1, show_default=True, help="Sampling seed (-1 = random).")
 @click.option("--grammar-file", type=click.Path(dir_okay=False), help="GBNF grammar constraining the output.")
 @click.option("-l", "--logit-bias", "logit_bias", multiple=True, metavar="TOKEN_ID(+/-)BIAS",

@@ -7,8 +7,10 @@
 ``POST /v1/chat/completions``              OpenAI chat (the GGUF's template, ``--chat-template``)
 ``POST /completion``, ``/completions``     llama.cpp's native completion (no ``[DONE]`` in streams)
 ``POST /tokenize``, ``/detokenize``        llama-server's bodies
+``POST /apply-template``                   the chat prompt as text, not generated
+``POST /v1/chat/completions/input_tokens`` the chat prompt's length in tokens
 ``GET /slots``                             per-slot state (``--no-slots``: 501)
-``GET /props``                             server settings (``POST``: 501, as llama-server without --props)
+``GET /props``                             server settings (``POST``: 501 without ``--props``)
 ``GET /metrics``                           Prometheus (``--metrics``, else 501)
 =========================================  ==============================================================
 
@@ -24,11 +26,15 @@ from typing import TYPE_CHECKING, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from .middleware import EXCEPTION_HANDLERS, HEALTH, PUBLIC, GuardMiddleware
+from .errors import ApiError
+from .middleware import EXCEPTION_HANDLERS, HEALTH, PUBLIC, CorsMiddleware, GuardMiddleware, PrefixMiddleware
 from .routes import (
+    apply_template,
+    chat_input_tokens,
     chat_completions,
     completion_native,
     completions_oai,
@@ -49,6 +55,12 @@ if TYPE_CHECKING:  # pragma: no cover
 # ServerConfig, ServerState (state.py), the handlers and submit (routes.py), GuardMiddleware, HEALTH and PUBLIC
 # (middleware.py) are importable from here as before the split
 __all__ = ["create_app", "ServerConfig", "ServerState", "GuardMiddleware", "HEALTH", "PUBLIC", "submit"]
+
+
+async def _api_error(request: HttpRequest, exc: Exception):
+    """An :class:`ApiError` with its headers (``Retry-After`` when the queue is full)."""
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.to_dict(), status_code=exc.code, headers=exc.headers)
 
 
 def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = None) -> Starlette:
@@ -74,6 +86,9 @@ def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = No
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/completion", completion_native, methods=["POST"]),
         Route("/completions", completion_native, methods=["POST"]),
+        Route("/apply-template", apply_template, methods=["POST"]),
+        Route("/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
+        Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/slots", slots, methods=["GET"]),
@@ -83,10 +98,11 @@ def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = No
     app = Starlette(
         routes=routes,
         middleware=[
-            Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"]),
+            Middleware(PrefixMiddleware, prefix=state.config.api_prefix),
+            Middleware(CorsMiddleware, state=state),
             Middleware(GuardMiddleware, state=state),
         ],
-        exception_handlers=dict(EXCEPTION_HANDLERS),
+        exception_handlers={**EXCEPTION_HANDLERS, ApiError: _api_error},
         lifespan=lifespan,
     )
     app.state.llamaspec = state

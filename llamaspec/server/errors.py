@@ -15,6 +15,7 @@ TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    413: "invalid_request_error",
     500: "server_error",
     501: "not_supported_error",
     503: "unavailable_error",
@@ -24,11 +25,14 @@ TYPES = {
 class ApiError(Exception):
     """An error answered as ``{"error": {...}}`` with HTTP status ``code``."""
 
-    def __init__(self, code: int, message: str, type: str | None = None, **extra: Any):  # noqa: A002 - llama-server's name
+    def __init__(self, code: int, message: str, type: str | None = None, *,  # noqa: A002 - llama-server's name
+                 headers: dict[str, str] | None = None, **extra: Any):
         super().__init__(message)
         self.code = code
         self.message = message
         self.type = type or TYPES.get(code, "invalid_request_error")
+        #: HTTP headers of the answer (``Retry-After`` for a full queue)
+        self.headers = headers
         self.extra = extra
 
     def to_dict(self) -> dict:

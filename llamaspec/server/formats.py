@@ -2,7 +2,7 @@
 
 ``timings`` carries llama-server's fields (``cache_n``, ``prompt_n``, ``prompt_ms``, ``prompt_per_token_ms``,
 ``prompt_per_second``, ``predicted_n``, ``predicted_ms``, ``predicted_per_token_ms``,
-``predicted_per_second``, and ``draft_n`` / ``draft_n_accepted`` when anything was drafted) and, when
+``predicted_per_second``, and ``draft_n`` / ``draft_n_accepted`` when the server speculates) and, when
 anything was drafted, what llama-server lacks: ``draft_n_verif_steps`` (verification steps),
 ``draft_acceptance_rate``, ``draft_mean_accepted_length`` (``1 + accepted / steps``, llama.cpp's "mean
 len") and ``draft_n_accepted_per_pos`` (accepted drafts at each draft position, a histogram).
@@ -29,8 +29,11 @@ def _n_cached(s: GenerationStats) -> int:
     return int(getattr(s, "n_cached", 0) or 0)
 
 
-def timings(s: GenerationStats) -> dict:
-    """llama-server's ``timings`` object for one request, plus the acceptance report."""
+def timings(s: GenerationStats, speculative: bool = False) -> dict:
+    """llama-server's ``timings`` object for one request, plus the acceptance report. ``draft_n`` /
+    ``draft_n_accepted`` are there whenever the server speculates (``speculative``), zeros included, as in
+    llama-server; the generation rate counts the decode steps after the first token, which comes from the
+    prompt's last batch (llama-server: ``predicted_n - 1`` steps)."""
     cache_n = _n_cached(s)
     prompt_n = max(0, s.n_prompt - cache_n)
     prompt_ms = s.t_prompt_s * 1e3
@@ -44,13 +47,13 @@ def timings(s: GenerationStats) -> dict:
         "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
         "predicted_n": predicted_n,
         "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-        "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
+        "predicted_per_token_ms": predicted_ms / (predicted_n - 1) if predicted_n > 1 else 0.0,
+        "predicted_per_second": 1e3 * (predicted_n - 1) / predicted_ms if predicted_n > 1 and predicted_ms > 0 else 0.0,
     }
+    if speculative or s.n_drafted > 0:
+        out.update({"draft_n": s.n_drafted, "draft_n_accepted": s.n_accepted})
     if s.n_drafted > 0:
         out.update({
-            "draft_n": s.n_drafted,
-            "draft_n_accepted": s.n_accepted,
             # beyond llama-server
             "draft_n_verif_steps": s.n_verif_steps,
             "draft_acceptance_rate": s.acceptance_rate,

@@ -1,12 +1,14 @@
-"""From engine requests to HTTP: a per-request asyncio bridge and the response that watches the client.
+"""From engine requests to HTTP: one dispatcher thread for the whole server, and the response that watches
+the client.
 
-The engine runs in its own thread (``Engine.start()``). Each engine request of an HTTP request gets a small
-pump thread that blocks on ``Request.chunks()`` and hands every chunk to the event loop
-(``loop.call_soon_threadsafe``), so no handler ever blocks the loop. :class:`GenerationResponse` is the
-ASGI response of ``/completion``, ``/v1/completions`` and ``/v1/chat/completions``: while it waits for
-chunks it also waits for the client's ``http.disconnect``; a client that goes away (before the prompt is
-processed, while it is, or mid-stream) cancels its engine requests, which frees their slots at the next
-step.
+The engine runs in its own thread (``Engine.start()``). One :class:`Dispatcher` thread moves the chunks of
+every engine request to the event loop (``loop.call_soon_threadsafe``): it waits for the engine's steps
+(``Engine.wait``), takes the chunks of every request that has output, and runs the cancels, so nothing
+native happens on the event loop and no thread is made per request. Tokenising, templating and submitting
+run in a small pool of worker threads (:func:`in_worker`). :class:`GenerationResponse` is the ASGI response
+of ``/completion``, ``/v1/completions`` and ``/v1/chat/completions``: while it waits for chunks it also
+waits for the client's ``http.disconnect``; a client that goes away (before the prompt is processed, while
+it is, or mid-stream) cancels its engine requests, which frees their slots at the next step.
 
 Streams are llama-server's: nothing is sent until the first chunk, so an error before it is a plain HTTP
 error; then ``data: {json}\\n\\n`` events, a keep-alive comment (``:\\n\\n``) when nothing was sent for
@@ -18,12 +20,14 @@ import asyncio
 import json
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
+import weakref
+from collections import deque
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Iterator
 
 import anyio
 
 from ..slot import Chunk, FinishReason
-from .errors import ApiError
+from .errors import ApiError, unavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..request import Request
@@ -32,6 +36,19 @@ log = logging.getLogger("llamaspec.server")
 
 Send = Callable[[dict], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict]]
+
+#: worker threads for tokenising, templating and submitting (per event loop)
+WORKERS = 4
+_LIMITERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter]" = weakref.WeakKeyDictionary()
+
+
+async def in_worker(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in one of :data:`WORKERS` threads, off the event loop."""
+    loop = asyncio.get_running_loop()
+    limiter = _LIMITERS.get(loop)
+    if limiter is None:
+        limiter = _LIMITERS[loop] = anyio.CapacityLimiter(WORKERS)
+    return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
 
 
 def dumps(obj: Any) -> bytes:
@@ -43,61 +60,203 @@ def sse(obj: Any) -> bytes:
 
 
 class JobGroup:
-    """The engine requests of one HTTP request; their chunks arrive on one asyncio queue as
-    ``(index, chunk)``, and ``(index, None)`` once request ``index`` is done."""
+    """The engine requests of one HTTP request. Once :meth:`open` ran (on the event loop) their chunks
+    arrive on one asyncio queue as ``(index, chunk)``, and ``(index, None)`` once request ``index`` is
+    done; the :class:`Dispatcher` puts them there (chunks produced before are kept by the requests)."""
 
-    def __init__(self, reqs: "list[Request]", on_close: Callable[["JobGroup"], None] | None = None):
+    def __init__(self, reqs: "list[Request]", on_close: Callable[["JobGroup"], None] | None = None,
+                 dispatcher: "Dispatcher | None" = None):
         self.reqs = reqs
-        self.loop = asyncio.get_running_loop()
-        self.events: asyncio.Queue[tuple[int, Chunk | None]] = asyncio.Queue()
         self.n_done = 0
+        self.closed = False
+        #: request index -> the error it ended with when the engine could not say (closed under it)
+        self.failures: dict[int, ApiError] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.events: asyncio.Queue[tuple[int, Chunk | None]] | None = None
         self._on_close = on_close
-        self._threads = [threading.Thread(target=self._pump, args=(i, r), name=f"llamaspec-req-{r.id}", daemon=True)
-                         for i, r in enumerate(reqs)]
-        for t in self._threads:
-            t.start()
+        self._own = dispatcher is None
+        self._dispatcher = dispatcher or Dispatcher(None)
 
-    def _post(self, item: tuple[int, Chunk | None]) -> bool:
+    def open(self) -> None:
+        """Start receiving the chunks (on the event loop; idempotent)."""
+        if self.events is not None:
+            return
+        self.loop = asyncio.get_running_loop()
+        self.events = asyncio.Queue()
+        if self._own:
+            self._dispatcher.start()
+        self._dispatcher.watch(self)
+
+    def post(self, item: tuple[int, Chunk | None]) -> bool:
+        """Hand one event to the event loop (any thread); False when the loop is gone."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
             return True
         except RuntimeError:  # the event loop is gone (shutdown): nobody will read this request
             return False
 
-    def _pump(self, i: int, req: "Request") -> None:
-        try:
-            for ch in req.chunks():
-                if not self._post((i, ch)):
-                    req.cancel()
-                    return
-        except Exception:  # noqa: BLE001 - the request is reported as failed below
-            log.exception("request %d: reading its output failed", req.id)
-            if not req.done:
-                req.cancel()
-        finally:
-            self._post((i, None))
-
     @property
     def all_done(self) -> bool:
         return self.n_done == len(self.reqs)
 
     async def next(self) -> tuple[int, Chunk | None]:
+        self.open()
         item = await self.events.get()
         if item[1] is None:
             self.n_done += 1
         return item
 
+    def error(self, i: int) -> ApiError | None:
+        """The HTTP error of request ``i`` once it is done (None when it finished normally)."""
+        return self.failures.get(i) or request_error(self.reqs[i])
+
     def cancel(self) -> None:
-        """Cancel every request that is not done yet (any thread)."""
-        for r in self.reqs:
-            if not r.done:
-                r.cancel()
+        """Cancel every request that is not done yet (any thread; the dispatcher thread runs the cancels)."""
+        self._dispatcher.cancel([r for r in self.reqs if not r.done])
 
     def close(self) -> None:
+        self.closed = True
         self.cancel()
+        if self._own:
+            self._dispatcher.stop()
         if self._on_close is not None:
             self._on_close(self)
             self._on_close = None
+
+
+class _Watch:
+    __slots__ = ("group", "i", "req", "it", "pollable")
+
+    def __init__(self, group: JobGroup, i: int, req: "Request"):
+        self.group, self.i, self.req = group, i, req
+        self.it: Iterator[Chunk] = iter(req.chunks())
+        #: a request that says when it has output is never waited on (a test double may not say)
+        self.pollable = hasattr(req, "has_output")
+
+
+class Dispatcher:
+    """The one thread that moves every watched request's chunks to its group's event loop and runs the
+    cancels (see the module docstring). ``engine`` is waited on for output (``Engine.wait``); None, or an
+    engine without ``wait``, is polled."""
+
+    def __init__(self, engine: Any):
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._new: list[_Watch] = []
+        self._watched: list[_Watch] = []
+        self._cancels: deque["Request"] = deque()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop = False
+            self._thread = threading.Thread(target=self._run, name="llamaspec-dispatch", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Deliver what is there, then end the thread."""
+        self._stop = True
+        self._wake.set()
+        t, self._thread = self._thread, None
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def watch(self, group: JobGroup) -> None:
+        with self._lock:
+            self._new.extend(_Watch(group, i, r) for i, r in enumerate(group.reqs))
+        self._wake.set()
+
+    def cancel(self, reqs: "Iterable[Request]") -> None:
+        if not self.running:  # no thread (shutting down): at once
+            for r in reqs:
+                r.cancel()
+            return
+        with self._lock:
+            self._cancels.extend(reqs)
+        self._wake.set()
+
+    @property
+    def has_output(self) -> bool:
+        """What ``Engine.wait`` waits for: a watched request has output, or there is news for this thread."""
+        return self._wake.is_set() or any(not w.pollable or w.req.has_output for w in self._watched)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            with self._lock:
+                self._watched += self._new
+                self._new = []
+                cancels = list(self._cancels)
+                self._cancels.clear()
+            for r in cancels:
+                try:
+                    r.cancel()
+                except Exception:  # noqa: BLE001 - an engine closed meanwhile: the request is done anyway
+                    log.debug("cancel of request %s failed", getattr(r, "id", "?"), exc_info=True)
+            moved = self._deliver()
+            if self._stop:
+                self._fail_rest("the server is shutting down")
+                return
+            if not self._watched:
+                self._wake.wait(1.0)
+            elif not moved:
+                self._wait()
+
+    def _wait(self) -> None:
+        try:
+            self._engine.wait_until(lambda: self.has_output, 1.0)
+        except Exception as e:  # noqa: BLE001 - a closed engine (or a step that failed in this thread)
+            if getattr(self._engine, "closed", False):
+                self._fail_rest("the server is shutting down")
+            else:
+                log.warning("waiting for the engine failed: %s: %s", type(e).__name__, e)
+            self._wake.wait(0.05)
+
+    def _deliver(self) -> bool:
+        moved, keep = False, []
+        for w in self._watched:
+            if w.group.closed:
+                continue  # the response is over (its requests were cancelled)
+            finished = False
+            try:
+                while not w.pollable or w.req.has_output:
+                    ch = next(w.it, None)
+                    if ch is None:
+                        finished = True
+                        break
+                    moved = True
+                    if not w.group.post((w.i, ch)):
+                        w.group.closed = True
+                        w.req.cancel()
+                        break
+            except Exception as e:  # noqa: BLE001 - reported as the request's error
+                log.exception("request %s: reading its output failed", getattr(w.req, "id", "?"))
+                if not w.req.done:
+                    w.req.cancel()
+                w.group.failures[w.i] = ApiError(500, f"reading the request's output failed: {e}", "server_error")
+                finished = True
+            if finished:
+                moved = True
+                w.group.post((w.i, None))
+            elif not w.group.closed:
+                keep.append(w)
+        self._watched = keep
+        return moved
+
+    def _fail_rest(self, message: str) -> None:
+        """End every watched request that is not done (the engine is gone)."""
+        self._deliver()
+        for w in self._watched:
+            if not w.req.done:
+                w.group.failures[w.i] = unavailable(message)
+            w.group.post((w.i, None))
+        self._watched = []
 
 
 class Renderer:
@@ -139,6 +298,7 @@ class GenerationResponse:
         self.disconnected = False
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+        self.group.open()
         try:
             async with anyio.create_task_group() as tg:
                 async def watch() -> None:
@@ -169,10 +329,10 @@ class GenerationResponse:
     async def _whole(self, send: Send) -> None:
         while not self.group.all_done:
             await self.group.next()
-        for r in self.group.reqs:
-            err = request_error(r)
+        for i in range(len(self.group.reqs)):
+            err = self.group.error(i)
             if err is not None:
-                await send_json(send, err.code, err.to_dict())
+                await send_json(send, err.code, err.to_dict(), err.headers)
                 return
         await send_json(send, 200, self.renderer.whole(self.group.reqs))
 
@@ -190,9 +350,9 @@ class GenerationResponse:
         first = await group.next()  # nothing is sent before the first result: an early error is an HTTP error
         i, ch = first
         if ch is None:
-            err = request_error(group.reqs[i])
+            err = group.error(i)
             if err is not None and not group.reqs[i].tokens:
-                await send_json(send, err.code, err.to_dict())
+                await send_json(send, err.code, err.to_dict(), err.headers)
                 return
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -213,7 +373,7 @@ class GenerationResponse:
                     if out:
                         await body(out)
                 else:
-                    err = request_error(req)
+                    err = group.error(i)
                     if err is not None:  # after the first result: an error event, then the stream ends
                         group.cancel()
                         await body(sse({"error": err.error_object()}))
@@ -232,8 +392,9 @@ class GenerationResponse:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def send_json(send: Send, status: int, obj: Any) -> None:
+async def send_json(send: Send, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
     data = dumps(obj)
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json; charset=utf-8"), (b"content-length", str(len(data)).encode())]})
+        (b"content-type", b"application/json; charset=utf-8"), (b"content-length", str(len(data)).encode()), *extra]})
     await send({"type": "http.response.body", "body": data, "more_body": False})

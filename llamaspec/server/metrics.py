@@ -8,6 +8,8 @@ label, request totals).
 """
 from __future__ import annotations
 
+import contextlib
+
 from typing import TYPE_CHECKING, Callable, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,11 +39,19 @@ def make_registry(get_engine: Callable[[], "Engine | None"]):
     from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 
     class EngineCollector:
+        #: llama-server's ``n_tokens_max``: the most tokens a slot has held (here: seen at a scrape, or as
+        #: reported by the engine)
+        n_tokens_max = 0
+
         def collect(self) -> Iterator:
             eng = get_engine()
             if eng is None:
                 return
             m = eng.metrics()
+            with contextlib.suppress(Exception):
+                held = [int(i.get("n_past", 0) or 0) for i in eng.slots_info()]
+                self.n_tokens_max = max([self.n_tokens_max, int(m.get("n_tokens_max", 0)), *held])
+            registry.n_tokens_max = self.n_tokens_max
             for key, name, doc in COUNTERS:
                 if key in m:
                     yield CounterMetricFamily(name, doc, value=float(m[key]))
@@ -89,4 +99,10 @@ def make_registry(get_engine: Callable[[], "Engine | None"]):
 def render(registry) -> tuple[bytes, str]:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    text = generate_latest(registry)
+    # llama-server's one counter without a _total suffix, which prometheus_client would add to its TYPE line
+    n = getattr(registry, "n_tokens_max", None)
+    if n is not None:
+        text += (b"# HELP llamacpp:n_tokens_max Largest observed n_tokens.\n# TYPE llamacpp:n_tokens_max counter\n"
+                 + f"llamacpp:n_tokens_max {float(n)}\n".encode())
+    return text, CONTENT_TYPE_LATEST

@@ -13,7 +13,7 @@ from ..errors import LlamaSpecError
 from .errors import ApiError, api_error, invalid_api_key, unavailable
 from .state import ServerState
 
-__all__ = ["HEALTH", "PUBLIC", "GuardMiddleware", "EXCEPTION_HANDLERS"]
+__all__ = ["HEALTH", "PUBLIC", "GuardMiddleware", "CorsMiddleware", "PrefixMiddleware", "EXCEPTION_HANDLERS"]
 
 log = logging.getLogger("llamaspec.server")
 
@@ -51,6 +51,81 @@ class GuardMiddleware:
                 err = invalid_api_key()
             if err is not None:
                 await JSONResponse(err.to_dict(), status_code=err.code)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _is_local_origin(origin: str) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(origin).hostname
+    except ValueError:
+        return False
+    return host in ("localhost", "127.0.0.1", "::1")
+
+
+class CorsMiddleware:
+    """llama-server's CORS: ``Access-Control-Allow-Origin`` on every answer (``--cors-origins *`` with
+    credentials echoes the request's Origin, ``localhost`` echoes local origins only, anything else is sent as
+    it is); every ``OPTIONS`` request is a preflight answered 200 at once (before the API key and the 503 while
+    loading), with ``--cors-methods``, ``--cors-headers`` and ``--cors-credentials``. The names are spelled
+    as llama-server sends them (clients that compare them case-sensitively exist)."""
+
+    def __init__(self, app, state: ServerState):
+        self.app = app
+        c = state.config
+        self.origins, self.credentials = c.cors_origins, c.cors_credentials
+        self.preflight = [(b"Access-Control-Allow-Credentials", b"true" if c.cors_credentials else b"false"),
+                          (b"Access-Control-Allow-Methods", c.cors_methods.encode("latin-1", "replace")),
+                          (b"Access-Control-Allow-Headers", c.cors_headers.encode("latin-1", "replace"))]
+
+    def _allow_origin(self, origin: str) -> str | None:
+        if self.origins == "*" and self.credentials:
+            return origin or None
+        if self.origins == "localhost":
+            return origin if origin and _is_local_origin(origin) else None
+        return self.origins
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        origin = dict(scope.get("headers") or []).get(b"origin", b"").decode("latin-1")
+        allow = self._allow_origin(origin)
+        extra = [(b"Access-Control-Allow-Origin", allow.encode("latin-1", "replace"))] if allow is not None else []
+        if scope.get("method") == "OPTIONS":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": extra + self.preflight + [(b"Content-Type", b"text/html"), (b"Content-Length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if not extra:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_origin(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_origin)
+
+
+class PrefixMiddleware:
+    """``--api-prefix /p``: the routes live under ``/p`` (a path outside it is a 404)."""
+
+    def __init__(self, app, prefix: str):
+        self.app = app
+        self.prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+
+    async def __call__(self, scope, receive, send):
+        if self.prefix and scope["type"] == "http":
+            path = scope.get("path", "")
+            if path == self.prefix or path.startswith(self.prefix + "/"):
+                scope = {**scope, "path": path[len(self.prefix):] or "/", "root_path": self.prefix}
+            else:
+                err = ApiError(404, "File Not Found", "not_found_error")
+                await JSONResponse(err.to_dict(), status_code=404)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

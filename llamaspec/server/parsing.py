@@ -28,7 +28,8 @@ from typing import Any, Callable, Sequence
 
 from .. import _llama as llama
 from ..params import RequestSpec
-from .errors import invalid
+from .errors import exceed_context, invalid
+from .limits import Limits, check_chars, check_generations, over, parse_json
 
 __all__ = ["Body", "Defaults", "GenParams", "parse_json", "parse_gen_params", "parse_prompts", "parse_messages",
            "parse_speculative", "JSON_GRAMMAR"]
@@ -44,25 +45,15 @@ ws ::= | " " | "\n" [ \t]{0,20}
 '''
 
 MAX_N_CMPL = 16
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def parse_json(raw: bytes) -> dict:
-    """The request body as a JSON object, or 400 (NaN / Infinity are not JSON)."""
-    if not raw.strip():
-        raise invalid("the request body is empty: send a JSON object")
-    try:
-        data = json.loads(raw, parse_constant=_reject_constant)
-    except UnicodeDecodeError:
-        raise invalid("the request body is not UTF-8") from None
-    except ValueError as e:
-        raise invalid(f"the request body is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise invalid(f"the request body must be a JSON object, got {type(data).__name__}")
-    return data
+#: an integer field is a C ``int32_t`` unless it says otherwise (ctypes would wrap a larger value silently)
+I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
+#: llama-server sampling fields llamaspec does not use: accepted and checked (type and llama.cpp's range)
+IGNORED = {"typical_p": (float, None, None), "mirostat": (int, 0, 2), "mirostat_tau": (float, None, None),
+           "mirostat_eta": (float, None, None), "xtc_probability": (float, 0.0, 1.0), "xtc_threshold": (float, None, None),
+           "dry_multiplier": (float, 0.0, None), "dry_base": (float, None, None), "dry_allowed_length": (int, 0, None),
+           "dry_penalty_last_n": (int, -1, None), "dynatemp_range": (float, 0.0, None),
+           "dynatemp_exponent": (float, None, None), "top_n_sigma": (float, None, None), "n_keep": (int, -1, None),
+           "min_keep": (int, 0, None), "n_indent": (int, 0, None), "t_max_predict_ms": (int, 0, None)}
 
 
 def _show(v: Any) -> str:
@@ -95,7 +86,7 @@ class Body:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
             raise invalid(f"Field '{key}': expected an integer, got {_show(v)}")
         v = int(v)
-        _check_range(key, v, lo, hi)
+        _check_range(key, v, I32_MIN if lo is None else lo, I32_MAX if hi is None else hi)
         return v
 
     def float(self, name: str, default: float | None, *, aliases: Sequence[str] = (), lo: float | None = None,
@@ -190,9 +181,9 @@ def parse_speculative(b: Body) -> RequestSpec | None:
         src = b if fv is not None else nb
         name = fk if fv is not None else k
         if k in ("n_max", "n_min"):
-            vals[k] = src.int(name, None)
+            vals[k] = src.int(name, None, lo=0)
         elif k == "p_min":
-            vals[k] = src.float(name, None)
+            vals[k] = src.float(name, None, lo=0.0, hi=1.0)
         else:
             vals[k] = src.str(name, None)
     if all(v is None for v in vals.values()):
@@ -200,15 +191,34 @@ def parse_speculative(b: Body) -> RequestSpec | None:
     return RequestSpec(**vals)
 
 
-def _stop(b: Body) -> list[str]:
+def _stop(b: Body, limits: Limits) -> list[str]:
     key, v = b.get("stop")
     if v is None:
         return []
     if isinstance(v, str):
-        return [v] if v else []
-    if isinstance(v, list) and all(isinstance(s, str) for s in v):
-        return [s for s in v if s]
-    raise invalid(f"Field '{key}': expected a string or a list of strings, got {_show(v)}")
+        v = [v]
+    elif not (isinstance(v, list) and all(isinstance(s, str) for s in v)):
+        raise invalid(f"Field '{key}': expected a string or a list of strings, got {_show(v)}")
+    if len(v) > limits.max_stop:
+        raise over(f"{len(v)} stop strings", limits.max_stop, "max_stop", field=key)
+    for s in v:
+        if len(s) > limits.max_stop_chars:
+            raise over(f"a stop string of {len(s)} characters", limits.max_stop_chars, "max_stop_chars", field=key)
+    return [s for s in v if s]
+
+
+def _repeat_last_n(b: Body, defaults: Defaults, n_ctx: int | None) -> int:
+    """llama.cpp's rule: 0 = off, -1 = the context size. A request's value must be in ``[-1, n_ctx]``; the
+    server's default (``--repeat-last-n``) is clamped to the context size."""
+    key, v = b.get("repeat_last_n")
+    if v is None:
+        n = defaults.repeat_last_n
+        return n if n_ctx is None else (n_ctx if n < 0 or n > n_ctx else n)
+    hi = I32_MAX if n_ctx is None else n_ctx
+    n = b.int("repeat_last_n", None, lo=I32_MIN, hi=I32_MAX)
+    if not -1 <= n <= hi:
+        raise invalid(f"Field '{key}': value must be between -1 (the context size) and {hi} (0 = off), got {n}")
+    return hi if n == -1 and n_ctx is not None else n
 
 
 def _grammar(b: Body) -> str | None:
@@ -249,7 +259,7 @@ def _logit_bias(b: Body) -> tuple[tuple[int, float], ...]:
         t = tok
         if isinstance(t, str) and t.strip().lstrip("-").isdigit():
             t = int(t)
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= I32_MAX:
             raise invalid(f"Field '{key}': keys must be token ids (integers >= 0; use /tokenize for text), got {_show(tok)}")
         if bias is False:
             bias = float("-inf")
@@ -269,23 +279,27 @@ def _unsupported(b: Body) -> None:
     tools = b.data.get("tools")
     if tools not in (None, []):
         raise invalid("Field 'tools': tool calls are not supported by llamaspec serve")
+    for name, (kind, lo, hi) in IGNORED.items():
+        (b.int if kind is int else b.float)(name, None, lo=lo, hi=hi)
 
 
-def parse_gen_params(b: Body, defaults: Defaults) -> GenParams:
-    """Sampling, length, stop, streaming and slot fields of a completion or chat request."""
+def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
+                     limits: Limits | None = None) -> GenParams:
+    """Sampling, length, stop, streaming and slot fields of a completion or chat request (``n_ctx``: the
+    slot's context, the bound of ``repeat_last_n``)."""
+    limits = limits or Limits()
     _unsupported(b)
     n_predict = b.int("n_predict", defaults.n_predict, aliases=("max_completion_tokens", "max_tokens"), lo=-1)
     temp = b.float("temperature", defaults.temp)
     top_k = b.int("top_k", defaults.top_k)
     seed = b.int("seed", defaults.seed, lo=-1, hi=0xFFFFFFFF)
-    b.float("typical_p", None)  # accepted, type-checked, not used (llama.cpp's default 1.0 = off)
     sampling = llama.SamplingParams(
         temp=max(0.0, temp),  # llama-server: temperature <= 0 is greedy
         top_k=max(0, top_k),  # <= 0 = off
         top_p=b.float("top_p", defaults.top_p, lo=0.0, hi=1.0),
         min_p=b.float("min_p", defaults.min_p, lo=0.0, hi=1.0),
         repeat_penalty=b.float("repeat_penalty", defaults.repeat_penalty, lo=0.0),
-        repeat_last_n=b.int("repeat_last_n", defaults.repeat_last_n, lo=-1),
+        repeat_last_n=_repeat_last_n(b, defaults, n_ctx),
         presence_penalty=b.float("presence_penalty", defaults.presence_penalty),
         frequency_penalty=b.float("frequency_penalty", defaults.frequency_penalty),
         seed=llama.DEFAULT_SEED if seed == -1 else seed,
@@ -302,7 +316,7 @@ def parse_gen_params(b: Body, defaults: Defaults) -> GenParams:
     return GenParams(
         n_predict=n_predict,
         sampling=sampling,
-        stop=_stop(b),
+        stop=_stop(b, limits),
         speculative=parse_speculative(b),
         id_slot=b.int("id_slot", -1, lo=-1),
         cache_prompt=b.bool("cache_prompt", True),
@@ -324,44 +338,61 @@ def _is_token(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _one_prompt(p: Any, tokenize: Tokenize, where: str) -> list[int]:
-    """A string, a list of token ids, or a mixed list of strings and ids (llama-server's ``tokenize_mixed``:
-    only the first string gets the model's BOS)."""
+def _one_prompt(p: Any, where: str) -> tuple[list, int]:
+    """Check one prompt: a string, a list of token ids, or a mixed list of strings and ids; ``(its parts,
+    its characters)``."""
     if isinstance(p, str):
-        return list(tokenize(p, True))
+        return [p], len(p)
     if isinstance(p, list):
-        out: list[int] = []
-        for i, x in enumerate(p):
-            if _is_token(x):
-                out.append(x)
-            elif isinstance(x, str):
-                out.extend(tokenize(x, i == 0))
-            else:
+        for x in p:
+            if not (_is_token(x) or isinstance(x, str)):
                 raise invalid(f"Field '{where}': a prompt is a string, a list of token ids, or a list of both; "
                               f"got {_show(x)} in it")
-        return out
+        return p, sum(len(x) for x in p if isinstance(x, str))
     raise invalid(f"Field '{where}': a prompt is a string, a list of token ids, or a list of both; got {_show(p)}")
 
 
-def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt") -> list[list[int]]:
+def _tokens(parts: list, tokenize: Tokenize) -> list[int]:
+    """llama-server's ``tokenize_mixed``: only the first string gets the model's BOS."""
+    out: list[int] = []
+    for i, x in enumerate(parts):
+        if isinstance(x, str):
+            out.extend(tokenize(x, i == 0))
+        else:
+            out.append(x)
+    return out
+
+
+def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt", limits: Limits | None = None, n_cmpl: int = 1,
+                  n_ctx: int | None = None) -> list[list[int]]:
     """The prompt(s) of a completion request as token lists. One prompt: a string, a list of ids, or a
-    mixed list; several prompts: a list of those (each becomes a choice)."""
+    mixed list; several prompts: a list of those (each becomes a choice). The limits (prompts x ``n_cmpl``,
+    characters; token lists against ``n_ctx``) are checked before anything is tokenised."""
+    limits = limits or Limits()
     k, v = b.get(key)
     if v is None:
         raise invalid(f"\"{key}\" must be provided")
-    if isinstance(v, str):
-        return [_one_prompt(v, tokenize, k)]
-    if not isinstance(v, list):
+    if isinstance(v, str) or (isinstance(v, list) and any(_is_token(x) for x in v)):
+        checked = [_one_prompt(v, k)]  # one prompt: a string; ids, or ids and strings
+    elif isinstance(v, list):
+        if not v:
+            raise invalid(f"Field '{k}': the prompt list is empty")
+        checked = [_one_prompt(p, f"{k}[{i}]") for i, p in enumerate(v)]
+    else:
         raise invalid(f"Field '{k}': expected a string or a list, got {_show(v)}")
-    if not v:
-        raise invalid(f"Field '{k}': the prompt list is empty")
-    if any(_is_token(x) for x in v):  # one prompt: ids, or ids and strings
-        return [_one_prompt(v, tokenize, k)]
-    return [_one_prompt(p, tokenize, f"{k}[{i}]") for i, p in enumerate(v)]
+    check_generations(len(checked), n_cmpl, limits)
+    check_chars(k, sum(n for _, n in checked), limits)
+    if n_ctx is not None:
+        for parts, _ in checked:
+            n_ids = sum(1 for x in parts if not isinstance(x, str))
+            if n_ids >= n_ctx:
+                raise exceed_context(n_ids, n_ctx)
+    return [_tokens(parts, tokenize) for parts, _ in checked]
 
 
-def parse_messages(b: Body) -> list[dict[str, str]]:
-    """OpenAI chat messages as ``{"role", "content"}`` strings (text parts are joined; other parts refused)."""
+def parse_messages(b: Body, limits: Limits | None = None) -> list[dict[str, str]]:
+    """OpenAI chat messages as ``{"role", "content"}`` strings (text parts are joined; other parts refused);
+    their text together within ``--max-prompt-chars``."""
     k, v = b.get("messages")
     if v is None:
         raise invalid("\"messages\" must be provided")
@@ -394,4 +425,5 @@ def parse_messages(b: Body) -> list[dict[str, str]]:
         else:
             raise invalid(f"Field 'messages[{i}].content': expected a string or a list of parts")
         out.append({"role": role, "content": text})
+    check_chars(k, sum(len(m["role"]) + len(m["content"]) for m in out), limits or Limits())
     return out

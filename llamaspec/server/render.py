@@ -16,6 +16,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SYSTEM_FINGERPRINT = f"llamaspec-{__version__}"
 
+def _timings(state: "ServerState", st) -> dict:
+    eng = state.engine
+    return formats.timings(st, speculative=eng is not None and getattr(eng, "chain", None) is not None)
+
+
 def _slot_id(req: "Request") -> int:
     return req.slot.id if req.slot is not None else -1
 
@@ -23,10 +28,18 @@ def _slot_id(req: "Request") -> int:
 class _OpenAIBase(Renderer):
     object_chunk = ""
 
-    def __init__(self, state: ServerState, gen: GenParams, model: str, prefix: str):
+    def __init__(self, state: ServerState, gen: GenParams, model: str, prefix: str, *, verbose: bool = False):
         self.state, self.gen, self.model = state, gen, model
         self.id = formats.new_id(prefix)
         self.created = formats.now()
+        #: the request's ``verbose`` (default: the server's ``--verbose``): llama-server's ``__verbose`` object,
+        #: the native ``/completion`` answer (its ``prompt`` is the text the model saw)
+        self.verbose = verbose
+
+    def with_verbose(self, d: dict, req) -> dict:
+        if self.verbose:
+            d["__verbose"] = NativeRenderer(self.state, self.gen, self.model).final(0, req, stream=False)
+        return d
 
     def head(self, obj: str) -> dict:
         return {"created": self.created, "id": self.id, "model": self.model, "system_fingerprint": SYSTEM_FINGERPRINT,
@@ -42,25 +55,28 @@ class CompletionRenderer(_OpenAIBase):
         d = {"choices": [{"text": ch.text, "index": i, "logprobs": None, "finish_reason": None}],
              **self.head("text_completion")}
         if self.gen.timings_per_token:
-            d["timings"] = formats.timings(req.stats)
+            d["timings"] = _timings(self.state, req.stats)
         yield d
 
     def stream_finish(self, i, req):
-        yield {"choices": [{"text": "", "index": i, "logprobs": None, "finish_reason": formats.finish_reason(req.finish_reason)}],
-               **self.head("text_completion"), "usage": formats.usage([req.stats]), "timings": formats.timings(req.stats)}
+        yield self.with_verbose({"choices": [{"text": "", "index": i, "logprobs": None,
+                                              "finish_reason": formats.finish_reason(req.finish_reason)}],
+                                 **self.head("text_completion"), "usage": formats.usage([req.stats]),
+                                 "timings": _timings(self.state, req.stats)}, req)
 
     def stream_tail(self, reqs):
         if self.gen.include_usage:
             stats = [r.stats for r in reqs]
             yield {"choices": [], **self.head("text_completion"), "usage": formats.usage(stats),
-                   "timings": formats.timings(formats.merged(stats))}
+                   "timings": _timings(self.state, formats.merged(stats))}
 
     def whole(self, reqs):
         stats = [r.stats for r in reqs]
-        return {"choices": [{"text": r.text, "index": i, "logprobs": None, "finish_reason": formats.finish_reason(r.finish_reason)}
-                            for i, r in enumerate(reqs)],
-                **self.head("text_completion"), "usage": formats.usage(stats),
-                "timings": formats.timings(formats.merged(stats))}
+        return self.with_verbose({
+            "choices": [{"text": r.text, "index": i, "logprobs": None, "finish_reason": formats.finish_reason(r.finish_reason)}
+                        for i, r in enumerate(reqs)],
+            **self.head("text_completion"), "usage": formats.usage(stats),
+            "timings": _timings(self.state, formats.merged(stats))}, reqs[0])
 
 
 class ChatRenderer(_OpenAIBase):
@@ -82,26 +98,28 @@ class ChatRenderer(_OpenAIBase):
             d = {"choices": [{"finish_reason": None, "index": i, "delta": {"content": ch.text}}],
                  **self.head("chat.completion.chunk")}
             if self.gen.timings_per_token:
-                d["timings"] = formats.timings(req.stats)
+                d["timings"] = _timings(self.state, req.stats)
             yield d
 
     def stream_finish(self, i, req):
         yield from self._role(i)
-        yield {"choices": [{"finish_reason": formats.finish_reason(req.finish_reason), "index": i, "delta": {}}],
-               **self.head("chat.completion.chunk"), "timings": formats.timings(req.stats)}
+        yield self.with_verbose({"choices": [{"finish_reason": formats.finish_reason(req.finish_reason), "index": i,
+                                              "delta": {}}],
+                                 **self.head("chat.completion.chunk"), "timings": _timings(self.state, req.stats)}, req)
 
     def stream_tail(self, reqs):
         if self.gen.include_usage:
             stats = [r.stats for r in reqs]
             yield {"choices": [], **self.head("chat.completion.chunk"), "usage": formats.usage(stats),
-                   "timings": formats.timings(formats.merged(stats))}
+                   "timings": _timings(self.state, formats.merged(stats))}
 
     def whole(self, reqs):
         stats = [r.stats for r in reqs]
-        return {"choices": [{"finish_reason": formats.finish_reason(r.finish_reason), "index": i,
-                             "message": {"role": "assistant", "content": r.text}} for i, r in enumerate(reqs)],
-                **self.head("chat.completion"), "usage": formats.usage(stats),
-                "timings": formats.timings(formats.merged(stats))}
+        return self.with_verbose({
+            "choices": [{"finish_reason": formats.finish_reason(r.finish_reason), "index": i,
+                         "message": {"role": "assistant", "content": r.text}} for i, r in enumerate(reqs)],
+            **self.head("chat.completion"), "usage": formats.usage(stats),
+            "timings": _timings(self.state, formats.merged(stats))}, reqs[0])
 
 
 class NativeRenderer(Renderer):
@@ -119,7 +137,7 @@ class NativeRenderer(Renderer):
              "stop": False, "id_slot": _slot_id(req), "tokens_predicted": len(req.tokens),
              "tokens_evaluated": len(req.prompt_tokens)}
         if self.gen.timings_per_token:
-            d["timings"] = formats.timings(req.stats)
+            d["timings"] = _timings(self.state, req.stats)
         yield d
 
     def final(self, i, req, *, stream: bool) -> dict:
@@ -134,7 +152,7 @@ class NativeRenderer(Renderer):
             "prompt": eng.vocab.detokenize(req.prompt_tokens, unparse_special=True) if eng else "",
             "has_new_line": "\n" in req.text, "truncated": req.truncated,
             "stop_type": req.stop_type or "none", "stopping_word": req.stopping_word, "tokens_cached": len(req.prompt_tokens) + len(req.tokens),
-            "timings": formats.timings(st),
+            "timings": _timings(self.state, st),
         }
 
     def stream_finish(self, i, req):
@@ -143,6 +161,15 @@ class NativeRenderer(Renderer):
     def whole(self, reqs):
         objs = [self.final(i, r, stream=False) for i, r in enumerate(reqs)]
         return objs[0] if len(objs) == 1 else objs
+
+
+def _logit_bias_json(eng: "Engine", s) -> list[dict]:
+    """llama-server's ``logit_bias`` list: ``{"token", "bias"}``, ``null`` for -inf, EOG tokens with
+    ``ignore_eos``; a later bias for the same token wins."""
+    bias = dict(s.logit_bias)
+    if s.ignore_eos:
+        bias.update(dict.fromkeys(eng.vocab.eog_tokens(), float("-inf")))
+    return [{"token": t, "bias": None if b == float("-inf") else b} for t, b in bias.items()]
 
 
 def generation_settings(eng: "Engine", gen: GenParams | None, defaults: Defaults, model_id: str) -> dict:
@@ -154,14 +181,15 @@ def generation_settings(eng: "Engine", gen: GenParams | None, defaults: Defaults
              "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
              "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty, "seed": s.seed,
              "stop": list(gen.stop), "grammar": s.grammar or "", "stream": gen.stream,
-             "cache_prompt": gen.cache_prompt, "id_slot": gen.id_slot}
+             "cache_prompt": gen.cache_prompt, "id_slot": gen.id_slot, "ignore_eos": s.ignore_eos,
+             "logit_bias": _logit_bias_json(eng, s)}
         rs = gen.speculative
     else:
         d = {"n_predict": defaults.n_predict, "temperature": defaults.temp, "top_k": defaults.top_k,
              "top_p": defaults.top_p, "min_p": defaults.min_p, "repeat_penalty": defaults.repeat_penalty,
              "repeat_last_n": defaults.repeat_last_n, "presence_penalty": defaults.presence_penalty,
              "frequency_penalty": defaults.frequency_penalty, "seed": defaults.seed, "stop": [], "grammar": "",
-             "stream": False, "cache_prompt": True, "id_slot": -1}
+             "stream": False, "cache_prompt": True, "id_slot": -1, "ignore_eos": False, "logit_bias": []}
         rs = None
     n_max = eng.chain.n_max if eng.chain is not None else 0
     d.update({

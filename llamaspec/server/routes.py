@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from .. import _llama
-from ..chat import apply_chat_template
-from ..errors import ContextOverflowError, UsageError
+from ..errors import ContextOverflowError
 from . import formats
+from .chat_prompt import chat_prompt
 from .errors import ApiError, api_error, exceed_context, invalid, not_supported, unavailable
-from .jobs import GenerationResponse, JobGroup
+from .jobs import GenerationResponse, JobGroup, in_worker
+from .limits import check_chars, check_generations, read_body
 from .metrics import render as render_metrics
 from .parsing import Body, GenParams, parse_gen_params, parse_json, parse_messages, parse_prompts
 from .render import SYSTEM_FINGERPRINT, ChatRenderer, CompletionRenderer, NativeRenderer, generation_settings
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..request import Request
 
 __all__ = ["submit", "completions_oai", "completion_native", "chat_completions", "health", "models", "tokenize",
-           "detokenize", "slots", "props", "metrics"]
+           "detokenize", "slots", "props", "metrics", "apply_template", "chat_input_tokens"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -43,8 +43,11 @@ def _submit_kwargs(eng: "Engine", gen: GenParams) -> dict:
 
 
 def submit(state: ServerState, prompts: list[list[int]], gen: GenParams) -> JobGroup:
-    """Queue one engine request per prompt (times ``n``); 400 / 503 before anything runs when one cannot."""
+    """Queue one engine request per prompt (times ``n``); 400 / 503 before anything runs when one cannot
+    (a worker thread runs it: ``Engine.submit`` builds samplers and may admit)."""
     eng = state.need_engine()
+    state.check_accepting()
+    check_generations(len(prompts), gen.n_cmpl, state.config.limits)
     n_ctx = eng.n_ctx_seq
     if gen.id_slot >= eng.n_parallel:
         raise invalid(f"Field 'id_slot': this server has {eng.n_parallel} slots (0..{eng.n_parallel - 1}), "
@@ -56,17 +59,19 @@ def submit(state: ServerState, prompts: list[list[int]], gen: GenParams) -> JobG
             raise exceed_context(len(toks), n_ctx)
     reqs: list["Request"] = []
     kw = _submit_kwargs(eng, gen)
+    state.admission.reserve(len(prompts) * gen.n_cmpl)  # 503 + Retry-After when the server is full
     try:
         for toks in prompts:
             for _ in range(gen.n_cmpl):
                 reqs.append(eng.submit(toks, **kw))
     except BaseException as e:
+        state.admission.release(len(prompts) * gen.n_cmpl)
         for r in reqs:
             r.cancel()
         if isinstance(e, ContextOverflowError):
             raise exceed_context(max(len(t) for t in prompts), n_ctx) from e
         raise api_error(e) from e
-    group = JobGroup(reqs, on_close=state.drop_group)
+    group = JobGroup(reqs, on_close=state.drop_group, dispatcher=state.dispatcher)
     state.add_group(group)
     return group
 
@@ -79,11 +84,22 @@ def _state(request: HttpRequest) -> ServerState:
 
 
 async def _body(request: HttpRequest) -> Body:
-    try:
-        raw = await request.body()
-    except ClientDisconnect:  # gone before its body arrived: nobody reads the answer
-        raise ApiError(400, "the client disconnected before sending the whole body") from None
-    return Body(parse_json(raw))
+    limits = _state(request).config.limits
+    raw = await read_body(request, limits)  # 413 past --max-body-size
+    if len(raw) > 65536:  # a large body is parsed off the event loop
+        return Body(await in_worker(parse_json, raw, limits))
+    return Body(parse_json(raw, limits))
+
+
+async def _generation(state: ServerState, b: Body, prompts) -> tuple[GenParams, JobGroup]:
+    """Parse, tokenise (``prompts(b, gen)``: the token lists) and submit in a worker thread."""
+    eng = state.need_engine()
+
+    def work() -> tuple[GenParams, JobGroup]:
+        gen = parse_gen_params(b, state.config.defaults, n_ctx=eng.n_ctx_seq, limits=state.config.limits)
+        return gen, submit(state, prompts(b, gen), gen)
+
+    return await in_worker(work)
 
 
 def _model_name(b: Body, state: ServerState) -> str:
@@ -91,24 +107,33 @@ def _model_name(b: Body, state: ServerState) -> str:
     return v if isinstance(v, str) and v else state.config.model_id
 
 
+def _verbose(b: Body, state: ServerState) -> bool:
+    """The request's ``verbose`` (llama-server: ``__verbose`` in the answer), default ``--verbose``."""
+    v = b.data.get("verbose")
+    if v is None:
+        return state.config.verbose > 0
+    if not isinstance(v, bool):
+        raise invalid(f"Field 'verbose': expected true or false, got {v!r}")
+    return v
+
+
 async def completions_oai(request: HttpRequest):
     state = _state(request)
     eng = state.need_engine()
     b = await _body(request)
-    gen = parse_gen_params(b, state.config.defaults)
-    prompts = parse_prompts(b, _tokenizer(eng))
-    group = submit(state, prompts, gen)
-    return GenerationResponse(group, CompletionRenderer(state, gen, _model_name(b, state), "cmpl"), stream=gen.stream,
-                              ping_interval=state.config.sse_ping_interval)
+    gen, group = await _generation(state, b, lambda b, gen: parse_prompts(
+        b, _tokenizer(eng), limits=state.config.limits, n_cmpl=gen.n_cmpl, n_ctx=eng.n_ctx_seq))
+    return GenerationResponse(group, CompletionRenderer(state, gen, _model_name(b, state), "cmpl",
+                                                       verbose=_verbose(b, state)),
+                              stream=gen.stream, ping_interval=state.config.sse_ping_interval)
 
 
 async def completion_native(request: HttpRequest):
     state = _state(request)
     eng = state.need_engine()
     b = await _body(request)
-    gen = parse_gen_params(b, state.config.defaults)
-    prompts = parse_prompts(b, _tokenizer(eng))
-    group = submit(state, prompts, gen)
+    gen, group = await _generation(state, b, lambda b, gen: parse_prompts(
+        b, _tokenizer(eng), limits=state.config.limits, n_cmpl=gen.n_cmpl, n_ctx=eng.n_ctx_seq))
     return GenerationResponse(group, NativeRenderer(state, gen, _model_name(b, state)), stream=gen.stream,
                               ping_interval=state.config.sse_ping_interval)
 
@@ -117,22 +142,39 @@ async def chat_completions(request: HttpRequest):
     state = _state(request)
     eng = state.need_engine()
     b = await _body(request)
-    gen = parse_gen_params(b, state.config.defaults)
-    messages = parse_messages(b)
-    try:
-        text = apply_chat_template(eng.model, messages, template=state.chat_template)
-    except UsageError as e:
-        raise invalid(str(e)) from None
-    prompt = eng.tokenize(text, add_special=True, parse_special=True)
-    group = submit(state, [prompt], gen)
-    return GenerationResponse(group, ChatRenderer(state, gen, _model_name(b, state), "chatcmpl"), stream=gen.stream,
-                              ping_interval=state.config.sse_ping_interval)
+
+    def prompt(b: Body, gen: GenParams) -> list[list[int]]:
+        text = chat_prompt(state, b.data, parse_messages(b, state.config.limits))
+        return [eng.tokenize(text, add_special=True, parse_special=True)]
+
+    gen, group = await _generation(state, b, prompt)
+    return GenerationResponse(group, ChatRenderer(state, gen, _model_name(b, state), "chatcmpl",
+                                                 verbose=_verbose(b, state)),
+                              stream=gen.stream, ping_interval=state.config.sse_ping_interval)
+
+
+async def apply_template(request: HttpRequest):
+    """llama-server's ``POST /apply-template``: the chat prompt text, not generated."""
+    state = _state(request)
+    state.need_engine()
+    b = await _body(request)
+    return JSONResponse({"prompt": chat_prompt(state, b.data, parse_messages(b, state.config.limits))})
+
+
+async def chat_input_tokens(request: HttpRequest):
+    """``POST /v1/chat/completions/input_tokens``: how many tokens the chat prompt is."""
+    state = _state(request)
+    eng = state.need_engine()
+    b = await _body(request)
+    text = chat_prompt(state, b.data, parse_messages(b, state.config.limits))
+    return JSONResponse({"input_tokens": len(eng.tokenize(text, add_special=True, parse_special=True))})
 
 
 async def health(request: HttpRequest):
     state = _state(request)
     if not state.ready:
         raise unavailable("Loading model")
+    state.check_accepting()  # draining after a SIGTERM: route elsewhere
     if _llama.rpc.failure() is not None:  # the models on RPC servers cannot serve any more: route elsewhere
         raise unavailable(f"an RPC server failed ({_llama.rpc.failure()}); restart the server")
     return JSONResponse({"status": "ok"})
@@ -148,9 +190,17 @@ async def models(request: HttpRequest):
         v = getattr(m, k, None)
         if isinstance(v, (int, float)):
             meta[k] = v
+    cfg = state.config
     created = formats.now()
-    return JSONResponse({"object": "list", "data": [{
-        "id": state.config.model_id, "object": "model", "created": created, "owned_by": "llamaspec", "meta": meta}]})
+    return JSONResponse({
+        # llama-server's Ollama-style list first, then OpenAI's
+        "models": [{"name": cfg.model_id, "model": cfg.model_id, "modified_at": "", "size": "", "digest": "",
+                    "type": "model", "description": "", "tags": list(cfg.tags) or [""], "capabilities": ["completion"],
+                    "parameters": "", "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
+                                                  "parameter_size": "", "quantization_level": ""}}],
+        "object": "list",
+        "data": [{"id": cfg.model_id, "aliases": list(cfg.aliases) or [cfg.model_id], "tags": list(cfg.tags),
+                  "object": "model", "created": created, "owned_by": "llamaspec", "meta": meta}]})
 
 
 async def tokenize(request: HttpRequest):
@@ -160,7 +210,9 @@ async def tokenize(request: HttpRequest):
     content = b.str("content", None)
     if content is None:
         raise invalid("\"content\" must be provided")
-    toks = eng.tokenize(content, add_special=b.bool("add_special", False), parse_special=b.bool("parse_special", True))
+    check_chars("content", len(content), state.config.limits)
+    toks = await in_worker(lambda: eng.tokenize(content, add_special=b.bool("add_special", False),
+                                                parse_special=b.bool("parse_special", True)))
     if not b.bool("with_pieces", False):
         return JSONResponse({"tokens": toks})
     out = []
@@ -191,30 +243,27 @@ async def detokenize(request: HttpRequest):
 
 
 def _slot_json(state: ServerState, eng: "Engine", info: dict) -> dict:
-    slot = eng.slots[info["id"]]
-    req = slot.request if info.get("is_processing") else None
-    n_decoded = int(info.get("n_predicted", 0))
-    n_remain = -1
+    """One ``/slots`` entry as llama-server shapes it: ``id``, ``n_ctx``, ``speculative``, ``is_processing``,
+    ``next_token`` (a list, as llama-server; nothing left over once idle), a busy one ``id_task`` and ``params``
+    too; then llamaspec's prompt-cache fields."""
+    busy = bool(info.get("is_processing"))
+    out: dict = {"id": info["id"], "n_ctx": eng.n_ctx_seq, "speculative": eng.chain is not None, "is_processing": busy}
+    req = eng.request_in_slot(info["id"]) if busy else None
+    n_decoded, n_remain = (int(info.get("n_predicted", 0)), -1) if busy else (0, -1)  # idle: nothing left over
     if req is not None and req.n_predict >= 0:
         n_remain = max(0, req.n_predict - n_decoded)
-    return {
-        "id": info["id"],
-        "id_task": info.get("id_task") if info.get("id_task") is not None else -1,
-        "n_ctx": eng.n_ctx_seq,
-        "speculative": eng.chain is not None,
-        "is_processing": bool(info.get("is_processing")),
-        "params": generation_settings(eng, None, state.config.defaults, state.config.model_id) if req is None else {
+    if busy:
+        out["id_task"] = info.get("id_task") if info.get("id_task") is not None else -1
+        out["params"] = generation_settings(eng, None, state.config.defaults, state.config.model_id) if req is None else {
             "n_predict": req.n_predict, "temperature": req.sampling.temp, "seed": req.sampling.seed,
-            "stop": list(req.stop), "speculative": _spec_json(req.speculative)},
-        "next_token": {"has_next_token": bool(info.get("is_processing")), "has_new_line": False, "n_remain": n_remain,
-                       "n_decoded": n_decoded, "stopping_word": ""},
-        # llamaspec: where the slot is and what its prompt cache holds
-        "state": info.get("state"),
-        "n_prompt_tokens": info.get("n_prompt", 0),
-        "n_prompt_tokens_processed": info.get("n_prompt_done", 0),
-        "n_cached": info.get("n_cached", 0),
-        "n_past": info.get("n_past", 0),
-    }
+            "stop": list(req.stop), "speculative": _spec_json(req.speculative)}
+    out["next_token"] = [{"has_next_token": busy, "has_new_line": False, "n_remain": n_remain, "n_decoded": n_decoded,
+                          "stopping_word": ""}]
+    # llamaspec: where the slot is and what its prompt cache holds
+    out.update({"state": info.get("state"), "n_prompt_tokens": info.get("n_prompt", 0),
+                "n_prompt_tokens_processed": info.get("n_prompt_done", 0), "n_cached": info.get("n_cached", 0),
+                "n_past": info.get("n_past", 0)})
+    return out
 
 
 def _spec_json(rs) -> dict | None:
@@ -238,7 +287,10 @@ async def slots(request: HttpRequest):
 async def props(request: HttpRequest):
     state = _state(request)
     if request.method == "POST":
-        raise not_supported("This server does not support changing global properties.")
+        if not state.config.props:
+            raise not_supported("This server does not support changing global properties. Start it with `--props`")
+        await _body(request)  # a JSON object (nothing in it changes the server yet, as in llama-server)
+        return JSONResponse({"success": True})
     eng = state.need_engine()
     cfg = state.config
     spec = eng.spec
@@ -278,4 +330,6 @@ async def metrics(request: HttpRequest):
         raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
     state.need_engine()
     data, ctype = render_metrics(state.registry)
-    return Response(data, media_type=ctype)
+    resp = Response(data, media_type=ctype)
+    resp.raw_headers.append((b"Process-Start-Time-Unix", str(int(state.t_start)).encode()))  # llama-server's spelling
+    return resp

@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ..chat import apply_chat_template
 from .errors import unavailable
-from .jobs import JobGroup
+from .jobs import Dispatcher, JobGroup
+from .limits import Admission, Limits
 from .metrics import make_registry
 from .parsing import Defaults
 
@@ -36,6 +38,24 @@ class ServerConfig:
     chat_template: str | None = None
     sse_ping_interval: float = 30.0
     defaults: Defaults = field(default_factory=Defaults)
+    #: every name of the model (``--alias a,b``; /v1/models ``aliases``) and its ``--tags``
+    aliases: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    #: ``POST /props`` allowed (``--props``)
+    props: bool = False
+    #: ``--jinja`` (llama-server's default): Jinja templates are rendered with Jinja; ``--no-jinja``: built-in only
+    jinja: bool = True
+    #: ``--verbose``: responses may carry ``__verbose`` when the request asks for it
+    verbose: int = 0
+    #: ``--api-prefix``: every route lives under it
+    api_prefix: str = ""
+    #: llama-server's CORS: ``*`` (echo the Origin with credentials), ``localhost`` (local origins only) or a value
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    #: the ``--max-*`` bounds (:mod:`llamaspec.server.limits`)
+    limits: Limits = field(default_factory=Limits)
 
 
 class ServerState:
@@ -43,10 +63,18 @@ class ServerState:
 
     def __init__(self, config: ServerConfig, engine: "Engine | None" = None):
         self.config = config
+        #: when the server started (``/metrics``' ``Process-Start-Time-Unix`` header)
+        self.t_start = time.time()
         self.engine: "Engine | None" = None
         self.load_error: BaseException | None = None
         self.chat_template: str | None = None
         self.groups: set[JobGroup] = set()
+        #: generations queued or running (``--max-queued-generations``)
+        self.admission = Admission(config.limits)
+        #: moves every request's chunks to the event loop (one thread, started with the engine)
+        self.dispatcher: Dispatcher | None = None
+        #: a SIGTERM arrived: new generations get 503 while the running ones finish
+        self.draining = False
         self._lock = threading.Lock()
         self.on_ready: Callable[["ServerState"], None] | None = None
         self.on_load_failed: Callable[[BaseException], None] | None = None
@@ -67,6 +95,8 @@ class ServerState:
         apply_chat_template(engine.model, [{"role": "user", "content": "x"}], template=tmpl)  # fails early
         self.chat_template = tmpl
         engine.start()
+        self.dispatcher = Dispatcher(engine)
+        self.dispatcher.start()
         self.engine = engine
 
     def load(self, loader: Callable[[], "Engine"]) -> None:
@@ -95,7 +125,27 @@ class ServerState:
         if eng is not None:
             with contextlib.suppress(Exception):
                 eng.stop()
-            eng.close()
+            eng.close()  # every request still running ends with abort
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+
+    def cancel_all(self) -> None:
+        """Cancel every running generation (the drain timeout passed): each ends with an error event."""
+        with self._lock:
+            groups = list(self.groups)
+        for g in groups:
+            g.cancel()
+
+    @property
+    def n_groups(self) -> int:
+        """HTTP requests whose generations are still being answered."""
+        with self._lock:
+            return len(self.groups)
+
+    def check_accepting(self) -> None:
+        """503 once a SIGTERM started the drain."""
+        if self.draining:
+            raise unavailable("the server is shutting down")
 
     def add_group(self, g: JobGroup) -> None:
         with self._lock:
@@ -103,7 +153,10 @@ class ServerState:
 
     def drop_group(self, g: JobGroup) -> None:
         with self._lock:
+            if g not in self.groups:
+                return
             self.groups.discard(g)
+        self.admission.release(len(g.reqs))
 
     @property
     def registry(self):

@@ -1,0 +1,81 @@
+"""Chat messages -> the prompt text, as llama-server builds it: ``add_generation_prompt`` (default true),
+``continue_final_message`` and the assistant prefill (a last ``assistant`` message is continued, not answered),
+with ``--jinja`` (Jinja templates rendered with Jinja first) or ``--no-jinja`` (llama.cpp's built-in ones)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import _llama as llama
+from .._llama.chat_template import render_jinja_chat_template
+from ..chat import apply_chat_template
+from ..errors import UsageError
+from .errors import invalid
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .state import ServerState
+
+__all__ = ["chat_prompt", "render"]
+
+
+def _piece(vocab, token: int) -> str:
+    return vocab.token_to_piece(token, special=True).decode("utf-8", "replace") if token is not None and token >= 0 else ""
+
+
+def _is_jinja(template: str) -> bool:
+    return "{%" in template or "{{" in template
+
+
+def render(state: "ServerState", messages: list[dict[str, str]], add_assistant: bool) -> str:
+    """``messages`` through the server's template: a Jinja template with Jinja first under ``--jinja``
+    (llama-server's default), else llama.cpp's built-in matcher first (then Jinja)."""
+    eng = state.need_engine()
+    tmpl = state.chat_template
+    try:
+        if state.config.jinja and tmpl is not None and _is_jinja(tmpl):
+            vocab = eng.model.vocab
+            try:
+                return render_jinja_chat_template(tmpl, messages, eos_token=_piece(vocab, vocab.eos),
+                                                  bos_token=_piece(vocab, vocab.bos), add_assistant=add_assistant)
+            except Exception:  # noqa: BLE001 - a template Jinja cannot render: the built-in matcher may know it
+                text = llama.render_builtin_chat_template(tmpl, messages, add_assistant=add_assistant)
+                if text is None:
+                    raise
+                return text
+        return apply_chat_template(eng.model, messages, template=tmpl, add_assistant=add_assistant)
+    except UsageError as e:
+        raise invalid(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - Jinja's own errors (raise_exception in a template, ...)
+        raise invalid(f"could not apply the chat template: {e}") from None
+
+
+def _flag(data: dict, name: str, default: Any) -> Any:
+    v = data.get(name)
+    if v is None:
+        return default
+    if name == "continue_final_message" and isinstance(v, str):
+        return v.strip().lower() not in ("", "none", "false")
+    if not isinstance(v, bool):
+        raise invalid(f"Field '{name}': expected true or false, got {v!r}")
+    return v
+
+
+def chat_prompt(state: "ServerState", data: dict, messages: list[dict[str, str]]) -> str:
+    """The prompt text of a chat request (``data`` its JSON body, ``messages`` as parsed)."""
+    add_gen = _flag(data, "add_generation_prompt", True)
+    cont = _flag(data, "continue_final_message", False)
+    if not cont and messages and messages[-1]["role"] == "assistant":  # llama-server's assistant prefill
+        if len(messages) >= 2 and messages[-2]["role"] == "assistant":
+            raise invalid("Cannot have 2 or more assistant messages at the end of the list.")
+        cont, add_gen = True, False
+    if cont and add_gen:
+        raise invalid("Cannot set both add_generation_prompt and continue_final_message to true.")
+    if not cont:
+        return render(state, messages, add_gen)
+    last = messages[-1]["content"] if messages else ""
+    if messages and messages[-1]["role"] == "assistant" and last:
+        text = render(state, messages, False)
+        at = text.rfind(last)
+        if at >= 0:  # the template's end-of-turn after the final message is dropped: the model continues it
+            return text[:at + len(last)]
+        return render(state, messages[:-1], True) + last
+    return render(state, messages, False)
