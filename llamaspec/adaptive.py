@@ -244,7 +244,7 @@ class CostModel:
         >>> round(m.checkpoint_overhead([0.5, 0.5], 2), 3)   # 0.5 + (1 - 0.25) * (0.5 + 1.0)
         1.625
         """
-        base = self.decode_ms.get(1)
+        base = self.base_ms()  # several busy slots never decode one row: estimated from the smallest batch
         if not base or self.checkpoint_ms is None:
             return 0.0
         all_accepted = 1.0
@@ -297,16 +297,17 @@ class CostModel:
             return default_verify_cost(k)
         rows = k + 1
         ms = {1: base, **self.decode_ms}
-        if rows in ms:
-            return ms[rows] / base
+        if rows in ms:  # (never below one row: noise can measure two rows faster than one)
+            return max(1.0, ms[rows] / base)
         known = sorted(ms)
         lo = max((r for r in known if r < rows), default=1)
         hi = min((r for r in known if r > rows), default=None)
         if hi is None:  # beyond what was measured: extend the last slope (at least the per-row cost so far)
             slope = (ms[lo] - base) / max(lo - 1, 1) if lo > 1 else 0.05 * base
-            return (ms[lo] + slope * (rows - lo)) / base
+            # a noisy measurement can make that slope negative: a longer verify never costs less than one row
+            return max(1.0, (ms[lo] + max(slope, 0.0) * (rows - lo)) / base)
         t = (rows - lo) / (hi - lo)
-        return (ms[lo] + t * (ms[hi] - ms[lo])) / base
+        return max(1.0, (ms[lo] + t * (ms[hi] - ms[lo])) / base)
 
     def draft_step_cost(self, n_seqs: int = 1) -> float:
         """One batched draft step for ``n_seqs`` sequences, relative to a one-row target decode: measured

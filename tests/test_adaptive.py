@@ -130,3 +130,22 @@ def test_checkpoint_costs_gate_drafting(tiny_model, kind, draft, gated):
         assert r.stats.n_draft_skipped >= 20 and r.stats.n_drafted <= 4  # only the exploring single tokens
     else:
         assert r.stats.n_draft_skipped == 0 and r.stats.n_drafted > 20
+
+
+def test_checkpoints_are_priced_when_no_one_row_decode_was_measured():
+    """Issue 21 (review §4.6): with several busy slots the target never decodes one row; checkpoints of a
+    FULL / RS target must still cost something (they were priced at 0, so the cost gate was off)."""
+    m = CostModel()
+    m.add_decode(4, 14.0)
+    m.add_decode(8, 18.0)
+    m.add_checkpoint(5.0)
+    m.add_restore(5.0)
+    assert m.checkpoint_overhead([0.5, 0.5], 2) > 0.4
+
+
+def test_a_negative_measured_slope_never_makes_a_long_verify_cheaper_than_one_row():
+    m = CostModel()
+    m.add_decode(1, 10.0)
+    m.add_decode(2, 9.0)  # noise: two rows measured faster than one
+    assert all(m.verify_cost(k) >= 1.0 for k in range(0, 64))
+    assert m.verify_cost(40) >= m.verify_cost(1)
