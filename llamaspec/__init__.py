@@ -21,6 +21,9 @@ _LAZY = {
     "check_device_params": ("llamaspec.contexts", "check_device_params"),
     "parse_rpc_servers": ("llamaspec._llama.rpc", "parse_servers"),
     "write_atomic": ("llamaspec._io", "write_atomic"),
+    # llama-cpp-python compatibility (llamaspec.compat): its Llama over the engine, and a draft model for its hook
+    "Llama": ("llamaspec.compat.llama", "Llama"),
+    "DraftModel": ("llamaspec.compat.draft", "DraftModel"),
 }
 
 
@@ -34,5 +37,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'llamaspec' has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_SEED", "Engine", "GenerationResult", "LlamaSpecError", "Model", "SamplingParams", "SpecParams",
-           "__version__", "check_device_params", "parse_rpc_servers", "write_atomic"]
+__all__ = ["DEFAULT_SEED", "DraftModel", "Engine", "GenerationResult", "Llama", "LlamaSpecError", "Model",
+           "SamplingParams", "SpecParams", "__version__", "check_device_params", "parse_rpc_servers", "write_atomic"]

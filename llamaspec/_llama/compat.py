@@ -1,0 +1,107 @@
+"""What :mod:`llamaspec.compat` (the ``llama_cpp.Llama`` drop-in and the ``LlamaDraftModel`` adapter) needs of
+llama-cpp-python's high-level layer: its chat handlers, its grammar class, its JSON-schema converter and its
+draft-model base class, plus the GGUF metadata as ``Llama.metadata`` reads it. Thin accessors only: the
+behaviour is llama-cpp-python's own.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable
+
+from llama_cpp import llama_cpp as native
+from llama_cpp import llama_chat_format as _chat_format
+from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, json_schema_to_gbnf
+from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
+
+from .model import Model
+
+__all__ = [
+    "JSON_GBNF", "LlamaDraftModel", "LlamaGrammar", "LlamaPromptLookupDecoding", "chat_handler_for",
+    "grammar_text", "guess_chat_format", "jinja_chat_handler", "json_schema_grammar", "metadata",
+    "special_tokens", "GGML_TYPE_F16", "GGML_TYPE_F32", "split_mode_name", "DEFAULT_SEED",
+]
+
+GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
+DEFAULT_SEED = int(native.LLAMA_DEFAULT_SEED)
+
+
+def metadata(model: Model) -> dict[str, str]:
+    """Every GGUF metadata key of ``model`` with its value as a string (what ``llama_cpp.Llama.metadata``
+    holds; arrays are not returned by llama.cpp)."""
+    ptr = model.live_ptr()
+    out: dict[str, str] = {}
+
+    def read(fn, i: int) -> str:
+        size = 1024
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = fn(ptr, i, buf, size)
+            if n < 0:
+                return ""
+            if n < size:
+                return buf.value.decode("utf-8", errors="replace")
+            size = n + 1
+
+    for i in range(int(native.llama_model_meta_count(ptr))):
+        key = read(native.llama_model_meta_key_by_index, i)
+        if key:
+            out[key] = read(native.llama_model_meta_val_str_by_index, i)
+    return out
+
+
+def special_tokens(model: Model) -> dict[str, int]:
+    """``sep`` / ``nl`` token ids of ``model``'s vocabulary (-1 when it has none; llama.cpp's ``cls`` is its BOS)."""
+    v = model.vocab.ptr
+    return {"sep": int(native.llama_vocab_sep(v)),
+            "nl": int(native.llama_vocab_nl(v))}
+
+
+def split_mode_name(value: int) -> str:
+    """llamaspec's split-mode name for one of llama-cpp-python's ``LLAMA_SPLIT_MODE_*`` integers."""
+    names = {int(native.LLAMA_SPLIT_MODE_NONE): "none", int(native.LLAMA_SPLIT_MODE_LAYER): "layer",
+             int(native.LLAMA_SPLIT_MODE_ROW): "row"}
+    if value not in names:
+        raise ValueError(f"unknown split_mode {value!r} (LLAMA_SPLIT_MODE_NONE/LAYER/ROW: {sorted(names)})")
+    return names[value]
+
+
+# -- chat ------------------------------------------------------------------------------------------
+
+def chat_handler_for(name: str) -> Callable[..., Any]:
+    """llama-cpp-python's registered chat handler ``name`` (``chatml``, ``gemma``, ``chatml-function-calling``
+    ...); ``ValueError`` naming the known ones when there is none."""
+    try:
+        return _chat_format.get_chat_completion_handler(name)
+    except Exception as e:  # LlamaChatCompletionHandlerNotFoundException
+        known = ", ".join(sorted(_chat_format.LlamaChatCompletionHandlerRegistry()._chat_handlers))
+        raise ValueError(f"unknown chat_format {name!r} (known: {known})") from e
+
+
+def jinja_chat_handler(template: str, *, eos_token: str, bos_token: str, eos_token_id: int) -> Callable[..., Any]:
+    """A chat handler rendering ``template`` with Jinja2 (what ``llama_cpp.Llama`` builds from a GGUF's
+    ``tokenizer.chat_template``)."""
+    fmt = _chat_format.Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token,
+                                           stop_token_ids=[eos_token_id])
+    return fmt.to_chat_handler()
+
+
+def guess_chat_format(meta: dict[str, str]) -> str | None:
+    """The registered chat format whose template is exactly the GGUF's (chatml, mistral-instruct, llama-3)."""
+    return _chat_format.guess_chat_format_from_gguf_metadata(meta)
+
+
+# -- grammars --------------------------------------------------------------------------------------
+
+def json_schema_grammar(schema: str) -> str:
+    """GBNF for a JSON schema (a JSON string), with llama-cpp-python's converter."""
+    return json_schema_to_gbnf(schema)
+
+
+def grammar_text(grammar: Any) -> tuple[str, str]:
+    """``(GBNF text, root rule)`` of a ``llama_cpp.LlamaGrammar`` (or of a GBNF string)."""
+    if isinstance(grammar, str):
+        return grammar, "root"
+    if isinstance(grammar, LlamaGrammar):
+        return grammar._grammar, getattr(grammar, "_root", "root") or "root"
+    raise TypeError(f"grammar must be a llama_cpp.LlamaGrammar or a GBNF string, got {type(grammar).__name__}")
