@@ -6,30 +6,13 @@ from typing import Callable
 
 import pytest
 
-from llamaspec._llama.cpu_features import use_extra_buffers
+from llamaspec._llama.lcp import llama_without_extra_buffers
 from llamaspec.testing.tiny_models import make_all
 
 
-def _llama_cpp_without_extra_buffers() -> None:
-    """Tests that load models with llama-cpp-python's own ``Llama`` (the parity references) get what
-    llamaspec's loader does on a CPU that advertises AMX without supporting it (llamaspec._llama.cpu_features):
-    no extra weight buffers, so a quantized model does not kill the test process with SIGILL."""
-    if use_extra_buffers():
-        return
-    import llama_cpp
-
-    native = llama_cpp.llama_cpp
-    default = native.llama_model_default_params
-
-    def params():
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    native.llama_model_default_params = params
-
-
-_llama_cpp_without_extra_buffers()
+# llama-cpp-python's own Llama (the parity references) loads as llamaspec's loader does on a CPU that
+# advertises AMX without supporting it: no extra weight buffers, so a quantized model does not SIGILL the run
+llama_without_extra_buffers()
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,18 @@ def prompt_lookup_decoding(num_pred_tokens: int):
 _PARAMS_LOCK = threading.Lock()
 
 
+def _without_extra_buffers(default: Callable):
+    """``llama_model_default_params`` as ``default`` gives them, with the extra weight buffers off."""
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    params.wraps_default = default
+    return params
+
+
 def load_llama(path: str, **kwargs):
     """``llama_cpp.Llama(path, **kwargs)``, without llama.cpp's extra weight buffers where llamaspec's own
     models load without them (:mod:`llamaspec._llama.cpu_features`: ``Llama`` has no argument for it, so its
@@ -41,17 +53,23 @@ def load_llama(path: str, **kwargs):
     native = llama_cpp.llama_cpp
     with _PARAMS_LOCK:
         default = native.llama_model_default_params
-
-        def no_extra_buffers():
-            params = default()
-            params.use_extra_bufts = False
-            return params
-
-        native.llama_model_default_params = no_extra_buffers
+        native.llama_model_default_params = _without_extra_buffers(default)
         try:
             return Llama(path, **kwargs)
         finally:
             native.llama_model_default_params = default
+
+
+def llama_without_extra_buffers() -> None:
+    """For this whole process: every ``llama_cpp.Llama`` loads as :func:`load_llama` does (tests whose
+    reference is llama-cpp-python's own ``Llama``). Idempotent; nothing to do where the buffers are safe."""
+    import llama_cpp
+
+    from .cpu_features import use_extra_buffers
+
+    native = llama_cpp.llama_cpp
+    if not use_extra_buffers() and not hasattr(native.llama_model_default_params, "wraps_default"):
+        native.llama_model_default_params = _without_extra_buffers(native.llama_model_default_params)
 
 
 def eog_test(llm) -> Callable[[int], bool]:
