@@ -160,7 +160,8 @@ class Engine:
                                    verify=verify, ctx=self.ctx, is_eog=self.vocab.is_eog,
                                    synth_cond=self.synth_cond, cache_prompt=cache_prompt)
         self.round = Round(self.ctx, self.chain, self.vocab, self.rollback_tgt, self.rollback_dft, self.budget,
-                           self.cost_model, spec.replay_accept_corrected)
+                           self.cost_model if self.chain is not None else None,  # plain decoding: nothing to price
+                           spec.replay_accept_corrected)
         self._stepper = Stepper(self._step, self.scheduler.has_work, lambda: self._closed)
         self._id_lock = threading.Lock()
         self._next_id = 0
@@ -272,7 +273,7 @@ class Engine:
 
     def request_in_slot(self, slot_id: int) -> Request | None:
         """The request slot ``slot_id`` serves now (None: idle)."""
-        return self.scheduler.serving.get(slot_id) if not self.scheduler.free(self.slots[slot_id]) else None
+        return self.scheduler.request_in(self.slots[slot_id])
 
     @property
     def n_deferred(self) -> int:

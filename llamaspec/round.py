@@ -168,8 +168,7 @@ class Round:
             if self.chain is not None:
                 self.chain.reset(s.seq_id)
             s.clear_round()
-            if s.state is SlotState.PROMPT or not (self.rollback_tgt.recover(s.seq_id, s.n_past, s.spec_ckpt)
-                                                   and self.rollback_dft.recover(s.seq_id, s.n_past, s.spec_ckpt)):
+            if s.state is SlotState.PROMPT or not self._recover_slot(s):
                 if s.state is SlotState.GENERATING:
                     log.error("could not restore memory of slot %d after an error; the slot is closed", s.id)
                 s.state = SlotState.DONE
@@ -230,6 +229,7 @@ class Round:
     def _draft_each_alone(self, requested: list[Slot]) -> list[Slot]:
         chain = self.chain
         ok: list[Slot] = []
+        # what each slot asked for (the chain's reset clears its draft request)
         lengths = [(s, chain.dparams[s.seq_id]) for s in requested]
         lengths = [(s, dp.n_max, dp.n_min, dp.p_min) for s, dp in lengths]
         for s, *_ in lengths:

@@ -104,6 +104,10 @@ class Scheduler:
     def free(slot: Slot) -> bool:
         return slot.state in (SlotState.IDLE, SlotState.DONE)
 
+    def request_in(self, slot: Slot) -> Request | None:
+        """The request ``slot`` serves now (None: idle)."""
+        return None if self.free(slot) else self.serving.get(slot.id)
+
     def _choose_slot(self, req: Request) -> Slot | None:
         if req.id_slot >= 0:
             slot = self.slots[req.id_slot]
@@ -293,7 +297,7 @@ class Scheduler:
         """One dict per slot (llama-server's ``/slots``, in short)."""
         out = []
         for s in self.slots:
-            req = self.serving.get(s.id) if not self.free(s) else None
+            req = self.request_in(s)
             out.append({
                 "id": s.id,
                 "state": s.state.value,

@@ -117,12 +117,17 @@ def _verbose(b: Body, state: ServerState) -> bool:
     return v
 
 
+def _completion_prompts(state: ServerState, eng: "Engine"):
+    """How /completion and /v1/completions read their prompts (``_generation``'s prompt parser)."""
+    return lambda b, gen: parse_prompts(b, _tokenizer(eng), limits=state.config.limits, n_cmpl=gen.n_cmpl,
+                                        n_ctx=eng.n_ctx_seq)
+
+
 async def completions_oai(request: HttpRequest):
     state = _state(request)
     eng = state.need_engine()
     b = await _body(request)
-    gen, group = await _generation(state, b, lambda b, gen: parse_prompts(
-        b, _tokenizer(eng), limits=state.config.limits, n_cmpl=gen.n_cmpl, n_ctx=eng.n_ctx_seq))
+    gen, group = await _generation(state, b, _completion_prompts(state, eng))
     return GenerationResponse(group, CompletionRenderer(state, gen, _model_name(b, state), "cmpl",
                                                        verbose=_verbose(b, state)),
                               stream=gen.stream, ping_interval=state.config.sse_ping_interval)
@@ -132,8 +137,7 @@ async def completion_native(request: HttpRequest):
     state = _state(request)
     eng = state.need_engine()
     b = await _body(request)
-    gen, group = await _generation(state, b, lambda b, gen: parse_prompts(
-        b, _tokenizer(eng), limits=state.config.limits, n_cmpl=gen.n_cmpl, n_ctx=eng.n_ctx_seq))
+    gen, group = await _generation(state, b, _completion_prompts(state, eng))
     return GenerationResponse(group, NativeRenderer(state, gen, _model_name(b, state)), stream=gen.stream,
                               ping_interval=state.config.sse_ping_interval)
 
