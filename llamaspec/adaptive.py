@@ -309,6 +309,38 @@ class CostModel:
         t = (rows - lo) / (hi - lo)
         return max(1.0, (ms[lo] + t * (ms[hi] - ms[lo])) / base)
 
+    def batch_costs(self, n_rows: int) -> list[float]:
+        """``[v(r - 1) for r in 0..n_rows]``, the cost of a decode of ``r`` rows relative to one (index 0 is 0),
+        in one pass: what :meth:`verify_cost` gives row count by row count (a round's budget prices every
+        batch size it considers).
+
+        >>> m = CostModel(); m.add_decode(1, 10.0); m.add_decode(5, 14.0)
+        >>> m.batch_costs(7) == [0.0] + [m.verify_cost(r - 1) for r in range(1, 8)]
+        True
+        >>> CostModel().batch_costs(3) == [0.0] + [default_verify_cost(r - 1) for r in range(1, 4)]
+        True
+        """
+        base = self.base_ms()
+        if not base or len(self.decode_ms) < 2:
+            return [0.0] + [default_verify_cost(r - 1) for r in range(1, n_rows + 1)]
+        ms = {1: base, **self.decode_ms}
+        known = sorted(ms)
+        last = known[-1]
+        slope = (ms[last] - base) / max(last - 1, 1) if last > 1 else 0.05 * base
+        slope = max(slope, 0.0)
+        out = [0.0]
+        j = 0
+        for rows in range(1, n_rows + 1):
+            if rows >= last:
+                c = ms[last] + slope * (rows - last)
+            else:
+                while known[j + 1] < rows:
+                    j += 1
+                lo, hi = known[j], known[j + 1]
+                c = ms[lo] + (rows - lo) / (hi - lo) * (ms[hi] - ms[lo])
+            out.append(max(1.0, c / base))
+        return out
+
     def draft_step_cost(self, n_seqs: int = 1) -> float:
         """One batched draft step for ``n_seqs`` sequences, relative to a one-row target decode: measured
         for that batch size, else the nearest measured one scaled by the target's cost curve, else

@@ -21,9 +21,16 @@ class TextStream:
         self.stop = [s for s in stop if s]
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # decoded text not yet released (could start a stop string)
-        self.text = ""  # released text
+        self._parts: list[str] = []  # released text, joined when read (no quadratic concatenation)
         self.stopped = False
         self.stop_string: str | None = None
+
+    @property
+    def text(self) -> str:
+        """All text released so far."""
+        if len(self._parts) > 1:
+            self._parts[:] = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
 
     def feed(self, piece: bytes) -> str:
         """Add one token's bytes; return the text that became final (may be empty)."""
@@ -50,7 +57,7 @@ class TextStream:
                     best, self.stop_string = i, s
             if best >= 0:
                 out = buf[:best]
-                self.text += out
+                self._parts.append(out)
                 self._pending = ""
                 self.stopped = True
                 return out
@@ -62,8 +69,8 @@ class TextStream:
                             hold = max(hold, k)
                             break
                 out, self._pending = (buf[: len(buf) - hold], buf[len(buf) - hold :]) if hold else (buf, "")
-                self.text += out
+                self._parts.append(out)
                 return out
         self._pending = ""
-        self.text += buf
+        self._parts.append(buf)
         return buf

@@ -473,10 +473,12 @@ def test_bench_server_quick(tmp_path):
     assert r.exit_code == 0, r.output
     rep = json.loads(js.read_text())
     assert rep["kind"] == "server" and rep["settings"]["n_parallel"] == 4
-    rows = {(x["engine"], x["clients"]): x for x in rep["rows"]}
-    assert set(rows) == {("llamaspec", 1), ("llamaspec", 2)}
-    for row in rows.values():
-        assert row["n_errors"] == 0 and row["tps_median"] > 0 and row["acceptance"] is not None
+    rows = {(x["variant"], x["clients"]): x for x in rep["rows"]}
+    # llama-server is not built here: llamaspec's two overhead settings, plain and a fixed draft length
+    assert set(rows) == {("ls:plain", 1), ("ls:plain", 2), ("ls:parity:3", 1), ("ls:parity:3", 2)}
+    for (key, _), row in rows.items():
+        assert row["n_errors"] == 0 and row["tps_median"] > 0
+        assert (row["acceptance"] is not None) == (key != "ls:plain")
     # every request generated n_predict tokens or stopped early; 2 clients send 2 * ceil(3 / 2) requests
     run2 = [x for x in rep["runs"] if x["clients"] == 2][0]
     assert run2["n_requests"] == run2["n_ok"] == 4 and 0 < run2["predicted_n"] <= 4 * 8
@@ -484,3 +486,7 @@ def test_bench_server_quick(tmp_path):
     assert md.read_text().startswith("# llamaspec bench --server")
     r = _invoke(["--quick", "--server", "--clients", "1,x"])
     assert r.exit_code == 2 and "--clients" in r.output
+    r = _invoke(["--quick", "--server", "--server-variants", "ls:nope"])
+    assert r.exit_code == 2 and "ls:nope" in r.output and "ls:defaults" in r.output
+    r = _invoke(["--quick", "--server-variants", "ls:plain"])
+    assert r.exit_code == 2 and "--server" in r.output

@@ -1,13 +1,14 @@
 """``llamaspec bench --server``: aggregate decode tokens/s of concurrent HTTP clients against ``llamaspec serve``
-and native ``llama-server``, with the same models, draft settings, ``-np`` and prompts.
+and native ``llama-server``, with the same models, ``-np`` and prompts, each server in one or more speculation
+settings (:mod:`.server_variants`: by default llamaspec's defaults against llama-server plain and with a draft).
 
-Both servers are started once on free loopback ports (never timed). Each measurement sends
+Every server is started once on free loopback ports (never timed). Each measurement sends
 ``clients * ceil(n_prompts / clients)`` greedy ``POST /completion`` requests (the bench's prompts as token
 ids, cycled; ``n_predict`` fixed, ``cache_prompt: false``, streaming off) from ``clients`` threads, each
 sending its next request when its previous one answered. Aggregate tokens/s = the sum of the responses'
 ``timings.predicted_n`` over the wall time from the first request sent to the last response received.
-Per repeat, client counts run in order and the servers alternate (A B on even repeats, B A on odd ones:
-A B B A), so slow drift of a shared machine hits both alike.
+Per repeat, client counts run in order and the servers alternate (A B C on even repeats, C B A on odd
+ones), so slow drift of a shared machine hits all alike.
 """
 from __future__ import annotations
 
@@ -29,9 +30,12 @@ from typing import Callable, Sequence
 from ..errors import LlamaSpecError, UsageError
 from .native import LOOPBACK, SERVER, _http, find_tool, free_port
 from .prompts import Prompt
+from .server_variants import ServerVariant, parse_variants, sweep_variants
 
 #: --engines names -> server label
 SERVER_LABELS = {"llamaspec": "llamaspec serve", "native": "llama-server", "native-server": "llama-server"}
+#: the llama-server setting a llamaspec setting is measured against one to one (the overhead check)
+COUNTERPART = {"ls:plain": "native:plain", "ls:draft": "native:draft", "ls:parity": "native:draft"}
 
 
 @dataclass
@@ -55,7 +59,28 @@ class ServerBenchConfig:
     draft_name: str | None = None
     quick: bool = False
     command: str | None = None
+    #: the settings compared (server_variants); None: the defaults for the models (``default_variants``)
+    variants: tuple[ServerVariant, ...] | None = None
     extra: dict = field(default_factory=dict)
+
+    def chosen_variants(self) -> list[ServerVariant]:
+        vs = list(self.variants) if self.variants is not None else parse_variants(
+            default_variants(self.draft, self.quick), self.draft, self.draft_n_max, self.draft_n_min)
+        wanted = {"native" if e == "native-server" else e for e in self.engines}
+        return [v for v in vs if v.engine in wanted]
+
+
+def default_variants(draft: str | None, quick: bool) -> str:
+    """What ``--server`` compares unless told: llamaspec's defaults against llama-server's settings
+    (:func:`sweep_variants`); on the tiny random models of ``--quick`` (a draft there costs what its target
+    does) the loop's overhead: each server plain and at one fixed draft length.
+
+    >>> default_variants("d", quick=True), default_variants(None, quick=True)
+    ('ls:plain,native:plain,ls:parity,native:draft', 'ls:plain,native:plain')
+    """
+    if quick:
+        return "ls:plain,native:plain" + (",ls:parity,native:draft" if draft else "")
+    return sweep_variants(draft)
 
 
 class HttpServer:
@@ -121,28 +146,21 @@ def server_args(cfg: ServerBenchConfig) -> list[str]:
     a = ["-c", str(cfg.n_ctx), "-b", str(cfg.n_batch), "-np", str(cfg.n_parallel), "--temp", "0", "--seed", str(cfg.seed)]
     if cfg.threads:
         a += ["-t", str(cfg.threads), "-tb", str(cfg.threads), "-td", str(cfg.threads)]
-    if cfg.draft:
-        a += ["-md", str(cfg.draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(cfg.draft_n_max),
-              "--spec-draft-n-min", str(cfg.draft_n_min)]
     return a
 
 
-def make_server(engine: str, cfg: ServerBenchConfig, log_dir: str) -> HttpServer:
-    common = server_args(cfg)
-    if engine == "llamaspec":
+def make_server(v: ServerVariant, cfg: ServerBenchConfig, log_dir: str) -> HttpServer:
+    common = [*server_args(cfg), *v.args]
+    if v.engine == "llamaspec":
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        # llamaspec's defaults (the draft length adaptive up to n_max), except on the tiny random models of
-        # --quick, whose draft costs as much as its target: there the fixed length keeps the drafts measurable
-        own = ["--no-spec-draft-adaptive"] if cfg.quick else []
-        return HttpServer("llamaspec serve", lambda port: [sys.executable, "-m", "llamaspec.cli.main", "serve", "-m", str(cfg.target),
-                                                           "--host", LOOPBACK, "--port", str(port), *common, *own],
-                          log_dir, env=env)
+        return HttpServer(v.label, lambda port: [sys.executable, "-m", "llamaspec.cli.main", "serve", "-m", str(cfg.target),
+                                                 "--host", LOOPBACK, "--port", str(port), *common], log_dir, env=env)
     binary = find_tool(SERVER, cfg.native_dir)
     if binary is None:
         raise UsageError(f"{SERVER} is not built (scripts/build_llama_cpp.sh --targets tools)")
-    return HttpServer("llama-server", lambda port: [str(binary), "-m", str(cfg.target), "--host", LOOPBACK, "--port",
-                                                    str(port), "--no-webui", "--cache-ram", "0", "-ngl", "0",
-                                                    *(["-ngld", "0"] if cfg.draft else []), *common], log_dir)
+    return HttpServer(v.label, lambda port: [str(binary), "-m", str(cfg.target), "--host", LOOPBACK, "--port",
+                                             str(port), "--no-webui", "--cache-ram", "0", "-ngl", "0",
+                                             *(["-ngld", "0"] if "-md" in v.args else []), *common], log_dir)
 
 
 def measure(server: HttpServer, prompts: Sequence[Sequence[int]], clients: int, n_predict: int, seed: int) -> dict:
@@ -210,32 +228,33 @@ def run_server_benchmark(cfg: ServerBenchConfig, progress: Callable[[str], None]
     tokens = [p.tokens for p in bprompts]
     notes = [f"{e}: not a server, skipped (server mode runs llamaspec and native)" for e in cfg.engines
              if e not in SERVER_LABELS]
-    engines = [e for e in dict.fromkeys("native" if e == "native-server" else e for e in cfg.engines)
-               if e in SERVER_LABELS]
+    variants = {v.key: v for v in cfg.chosen_variants()}
     log_dir = tempfile.mkdtemp(prefix="llamaspec-bench-server-")
     servers: dict[str, HttpServer] = {}
     runs: list[dict] = []
     try:
-        for e in engines:
+        for key, v in variants.items():
             try:
-                s = make_server(e, cfg, log_dir)
+                s = make_server(v, cfg, log_dir)
             except UsageError as ex:
-                notes.append(f"{SERVER_LABELS[e]}: {ex} — its runs were skipped")
+                notes.append(f"{v.label}: {ex} — its runs were skipped")
                 continue
             progress(f"starting {s.label}")
             s.start()
-            servers[e] = s
+            servers[key] = s
             s.complete(tokens[0], min(8, cfg.n_predict), cfg.seed)  # warm-up, not recorded
         if not servers:
             raise UsageError("no server to measure: " + "; ".join(notes))
         order = list(servers)
         for rep in range(cfg.repeats):
             for c in cfg.clients:
-                for e in (order if rep % 2 == 0 else order[::-1]):
-                    progress(f"r{rep + 1} {c} client(s) {servers[e].label}")
-                    m = measure(servers[e], tokens, c, cfg.n_predict, cfg.seed)
-                    runs.append({"engine": e, "server": servers[e].label, "clients": c, "repeat": rep, **m})
-        commands = {e: " ".join(s.command()) for e, s in servers.items()}
+                for key in (order if rep % 2 == 0 else order[::-1]):
+                    s = servers[key]
+                    progress(f"r{rep + 1} {c} client(s) {s.label}")
+                    m = measure(s, tokens, c, cfg.n_predict, cfg.seed)
+                    runs.append({"engine": variants[key].engine, "variant": key, "server": s.label, "clients": c,
+                                 "repeat": rep, **m})
+        commands = {key: " ".join(s.command()) for key, s in servers.items()}
     finally:
         for s in servers.values():
             s.stop()
@@ -249,10 +268,11 @@ def run_server_benchmark(cfg: ServerBenchConfig, progress: Callable[[str], None]
         "settings": {"target": cfg.target_name or cfg.target, "draft": cfg.draft_name or cfg.draft,
                      "n_parallel": cfg.n_parallel, "n_ctx": cfg.n_ctx, "n_ctx_seq": n_ctx_seq, "n_batch": cfg.n_batch,
                      "n_predict": cfg.n_predict, "draft_n_max": cfg.draft_n_max, "draft_n_min": cfg.draft_n_min,
-                     "threads": cfg.threads or "server default", "clients": list(cfg.clients), "repeats": cfg.repeats,
+                     "threads": cfg.threads or "server default", "clients": list(cfg.clients),
+                     "variants": [f"{k} ({v.label})" for k, v in variants.items() if k in servers], "repeats": cfg.repeats,
                      "n_prompts": len(bprompts), "prompt_tokens": {p.id: len(p.tokens) for p in bprompts},
                      "sampling": "greedy (temperature 0), cache_prompt false, stream false", "quick": cfg.quick,
-                     "schedule": "per repeat: client counts in order, servers alternating (A B, then B A)"},
+                     "schedule": "per repeat: client counts in order, servers alternating (A B C, then C B A)"},
         "server_commands": commands,
         "notes": notes,
         "rows": rows,
@@ -267,35 +287,54 @@ def _machine() -> dict:
 
 
 def summarise_server_runs(runs: Sequence[dict]) -> list[dict]:
-    """One row per (server, clients): median / min / max aggregate tokens/s over the repeats, acceptance,
-    and the llamaspec / llama-server ratio of medians where both ran.
+    """One row per (setting, clients): median / min / max aggregate tokens/s over the repeats, acceptance;
+    llamaspec's rows also get the ratio of medians to the best llama-server setting at that client count
+    (``ratio_vs_native``, ``best_native``) and to their one-to-one counterpart (``ratio_vs_counterpart``:
+    plain to plain, a fixed draft length to llama-server's draft at that length) where it ran.
 
-    >>> rs = [{"engine": e, "server": e, "clients": 1, "repeat": r, "tokens_per_s": v, "draft_n": 10,
+    >>> rs = [{"engine": e, "variant": k, "server": k, "clients": 1, "repeat": r, "tokens_per_s": v, "draft_n": 10,
     ...        "draft_n_accepted": 5, "n_errors": 0, "latency_median_s": 1.0}
-    ...       for e, r, v in [("llamaspec", 0, 10.0), ("native", 0, 20.0), ("llamaspec", 1, 12.0), ("native", 1, 20.0)]]
-    >>> [(r["engine"], r["tps_median"], r.get("ratio_vs_native")) for r in summarise_server_runs(rs)]
-    [('llamaspec', 11.0, 0.55), ('native', 20.0, None)]
+    ...       for e, k, r, v in [("llamaspec", "ls:plain", 0, 10.0), ("native", "native:plain", 0, 20.0),
+    ...                          ("native", "native:draft:3", 0, 25.0), ("llamaspec", "ls:plain", 1, 12.0),
+    ...                          ("native", "native:plain", 1, 20.0), ("native", "native:draft:3", 1, 25.0)]]
+    >>> [(r["variant"], r["tps_median"], r.get("ratio_vs_native"), r.get("ratio_vs_counterpart"))
+    ...  for r in summarise_server_runs(rs)]
+    [('ls:plain', 11.0, 0.44, 0.55), ('native:plain', 20.0, None, None), ('native:draft:3', 25.0, None, None)]
     """
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in runs:
-        groups.setdefault((r["engine"], r["clients"]), []).append(r)
+        groups.setdefault((r.get("variant", r["engine"]), r["clients"]), []).append(r)
+    first = {k: i for i, k in enumerate(dict.fromkeys(r.get("variant", r["engine"]) for r in runs))}
     rows = []
-    for (e, c), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0] != "llamaspec")):
+    for (k, c), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], rs_engine(kv[1]) != "llamaspec", first[kv[0][0]])):
         tps = [r["tokens_per_s"] for r in rs]
         drafted = sum(r["draft_n"] for r in rs)
-        rows.append({"engine": e, "server": rs[0]["server"], "clients": c, "n_runs": len(rs),
+        lat = [r["latency_median_s"] for r in rs if r["latency_median_s"] is not None]
+        rows.append({"engine": rs_engine(rs), "variant": k, "server": rs[0]["server"], "clients": c, "n_runs": len(rs),
                      "tps_median": round(statistics.median(tps), 2), "tps_min": round(min(tps), 2),
                      "tps_max": round(max(tps), 2),
                      "acceptance": round(sum(r["draft_n_accepted"] for r in rs) / drafted, 4) if drafted else None,
-                     "latency_median_s": round(statistics.median(r["latency_median_s"] for r in rs
-                                                                 if r["latency_median_s"] is not None), 3)
-                     if any(r["latency_median_s"] is not None for r in rs) else None,
+                     "latency_median_s": round(statistics.median(lat), 3) if lat else None,
                      "n_errors": sum(r["n_errors"] for r in rs)})
-    nat = {r["clients"]: r["tps_median"] for r in rows if r["engine"] == "native"}
     for r in rows:
-        if r["engine"] == "llamaspec" and nat.get(r["clients"]):
-            r["ratio_vs_native"] = round(r["tps_median"] / nat[r["clients"]], 3)
+        if r["engine"] != "llamaspec":
+            continue
+        nat = [x for x in rows if x["engine"] == "native" and x["clients"] == r["clients"] and x["tps_median"] > 0]
+        if nat:
+            best = max(nat, key=lambda x: x["tps_median"])
+            r["ratio_vs_native"], r["best_native"] = round(r["tps_median"] / best["tps_median"], 3), best["server"]
+        parts = r["variant"].split(":")
+        twin = COUNTERPART.get(":".join(parts[:2]))
+        if twin is not None:
+            twin += "".join(":" + p for p in parts[2:])
+            same = [x for x in nat if x["variant"] == twin or (twin == "native:draft" and x["variant"].startswith("native:draft"))]
+            if same:
+                r["ratio_vs_counterpart"] = round(r["tps_median"] / same[0]["tps_median"], 3)
     return rows
+
+
+def rs_engine(rs: Sequence[dict]) -> str:
+    return rs[0]["engine"]
 
 
 def render_server_markdown(report: dict) -> str:
@@ -306,19 +345,20 @@ def render_server_markdown(report: dict) -> str:
     m = report["machine"]
     lines += [f"{report['created']} · {m.get('cpu')} · {m.get('n_cpus_available')} CPUs available · load average at start "
               f"{m.get('loadavg_at_start')} · {report['duration_s']} s", "",
-              f"Target {s['target']}, draft {s['draft']} (draft-simple, n_max {s['draft_n_max']}, n_min {s['draft_n_min']}); "
+              f"Target {s['target']}, draft {s['draft']}; settings: {', '.join(s.get('variants', []))}; "
               f"-np {s['n_parallel']}, -c {s['n_ctx']} ({s['n_ctx_seq']} per slot), -b {s['n_batch']}, threads "
               f"{s['threads']}; {s['n_prompts']} prompts, n_predict {s['n_predict']}, {s['sampling']}; {s['repeats']} "
               f"repeats, {s['schedule']}.", "",
               "Aggregate decode tokens/s = sum of `timings.predicted_n` / wall time from the first request sent to the "
               "last response (prompt processing included in the wall time).", "",
-              "| clients | server | tokens/s median | min – max | acceptance | median latency (s) | llamaspec / llama-server | errors |",
-              "|---:|---|---:|---:|---:|---:|---:|---:|"]
+              "| clients | server | tokens/s median | min – max | acceptance | median latency (s) | llamaspec / best llama-server | llamaspec / same setting | errors |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["rows"]:
         acc = f"{r['acceptance']:.3f}" if r["acceptance"] is not None else "–"
-        ratio = f"{r['ratio_vs_native']:.2f}" if r.get("ratio_vs_native") is not None else ""
+        ratio = (f"{r['ratio_vs_native']:.2f} ({r['best_native']})" if r.get("ratio_vs_native") is not None else "")
+        twin = f"{r['ratio_vs_counterpart']:.2f}" if r.get("ratio_vs_counterpart") is not None else ""
         lines.append(f"| {r['clients']} | {r['server']} | {r['tps_median']:.1f} | {r['tps_min']:.1f} – {r['tps_max']:.1f} | "
-                     f"{acc} | {r['latency_median_s']} | {ratio} | {r['n_errors']} |")
+                     f"{acc} | {r['latency_median_s']} | {ratio} | {twin} | {r['n_errors']} |")
     if report["notes"]:
         lines += [""] + [f"Note: {n}" for n in report["notes"]]
     if report.get("server_commands"):

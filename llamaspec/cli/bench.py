@@ -24,6 +24,14 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
                    "llama-server (engines llamaspec, native), same models, draft-simple (--spec-draft-n-max/-n-min; --modes "
                    "is not used), -np and prompts, interleaved; 2 repeats unless --repeats.")
 @click.option("--clients", default="1,4,8", show_default=True, help="Server mode: comma list of concurrent client counts.")
+@click.option("--sweep", is_flag=True,
+              help="Server mode: the concurrency sweep, 1,2,4,8,16 clients on -np 16 (unless --clients / -np), "
+                   "llamaspec's defaults against llama-server plain and with draft-simple at n_max 3 and 8 (without a "
+                   "draft model: llamaspec's n-gram default against llama-server plain and --spec-default).")
+@click.option("--server-variants", "server_variants", default=None,
+              help="Server mode: comma list of SERVER:SETTING to compare (ls:defaults, ls:auto, ls:plain, ls:draft[:N], "
+                   "ls:parity[:N], native:plain, native:draft[:N], native:spec-default, native:ngram-mod; default: the "
+                   "--sweep comparison, or on --quick each server plain and at a fixed draft length).")
 @click.option("-np", "--parallel", "n_parallel", type=click.IntRange(min=1), default=4, show_default=True,
               help="Server mode: server slots (-np) of both servers.")
 @click.option("--pair", default=None, help="Target+draft pair from models.toml (default: the registry's default pair).")
@@ -67,7 +75,7 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--spec-ngram-map-k-size-n", "ngram_map_k_size_n", type=int, default=None, help="ngram-map-k: key length (default 12).")
 @click.option("--spec-ngram-map-k-size-m", "ngram_map_k_size_m", type=int, default=None, help="ngram-map-k: draft length (default 48).")
 @handle_errors
-def bench(quick, server_mode, clients, n_parallel, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
+def bench(quick, server_mode, clients, sweep, server_variants, n_parallel, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
           flash_attn, seed, spec_draft_n_max, spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol,
           json_path, md_path, plot_path, cache_dir, no_progress, from_json, **ngram_kw):
     """Benchmark llamaspec against native llama.cpp and llama-cpp-python on the same models and settings.
@@ -83,6 +91,9 @@ def bench(quick, server_mode, clients, n_parallel, pair, model, draft_model, mod
     from llamaspec.params import SpecParams
 
     dev = pop_device_options(ngram_kw)  # -ngl -ngld -mg -sm -ts -t -tb -td, the same for every engine
+    server_mode = server_mode or sweep  # the sweep is a server benchmark
+    if server_variants and not server_mode:
+        raise UsageError("--server-variants compares servers: add --server (or --sweep)")
     if server_mode and (dev["rpc_servers"] or dev["rpc_servers_draft"]):
         raise UsageError("--rpc / --rpc-draft are not supported with bench --server (use llamaspec serve --rpc and "
                          "bench without --server)")
@@ -158,8 +169,11 @@ def bench(quick, server_mode, clients, n_parallel, pair, model, draft_model, mod
         draft = resolve_model_arg(draft_name, cache_dir) if draft_name else None
 
     if server_mode:
+        if sweep:
+            clients = clients if given("clients") else "1,2,4,8,16"
+            n_parallel = n_parallel if given("n_parallel") else 16
         return _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients,
-                            n_parallel, engines, n_predict, repeats, ctx_size, batch_size, dev, seed, spec_draft_n_max,
+                            server_variants, n_parallel, engines, n_predict, repeats, ctx_size, batch_size, dev, seed, spec_draft_n_max,
                             spec_draft_n_min, native_dir, json_path, md_path)
     prompts = load_prompts(prompts_file)
     if quick:
@@ -189,7 +203,7 @@ def bench(quick, server_mode, clients, n_parallel, pair, model, draft_model, mod
     _emit(report, json_path, md_path, plot_path)
 
 
-def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients, n_parallel,
+def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients, variants, n_parallel,
                  engines, n_predict, repeats, ctx_size, batch_size, dev, seed, n_max, n_min, native_dir, json_path, md_path):
     """``--server``: llamaspec serve against llama-server (llamaspec/bench/server_mode.py)."""
     from importlib.util import find_spec
@@ -198,6 +212,7 @@ def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, p
     from llamaspec.bench.prompts import quick_subset
     from llamaspec.bench.report import write_atomic, write_json
     from llamaspec.bench.server_mode import ServerBenchConfig, render_server_markdown, run_server_benchmark
+    from llamaspec.bench.server_variants import parse_variants
     from llamaspec.errors import UsageError
 
     try:
@@ -221,6 +236,7 @@ def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, p
             # --quick: one thread (tiny models; a busy machine makes llama.cpp's thread pool spin)
             threads=dev["n_threads"] or (1 if quick else 0), draft_n_max=n_max, draft_n_min=n_min, seed=seed, native_dir=native_dir,
             target_name=target_name, draft_name=draft_name, quick=quick,
+            variants=tuple(parse_variants(variants, draft, n_max, n_min)) if variants else None,
             command="llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None)
         report = run_server_benchmark(cfg, lambda t: err_console.print(f"[dim]{t}[/]", highlight=False))
     finally:

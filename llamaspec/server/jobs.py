@@ -73,6 +73,9 @@ class JobGroup:
         self.failures: dict[int, ApiError] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.events: asyncio.Queue[tuple[int, Chunk | None]] | None = None
+        #: whether the response reads the chunks as they come (a stream); a whole response only needs to know
+        #: when each request is done, so the dispatcher does not hand it every token
+        self.stream = True
         self._on_close = on_close
         self._own = dispatcher is None
         self._dispatcher = dispatcher or Dispatcher(None)
@@ -89,8 +92,14 @@ class JobGroup:
 
     def post(self, item: tuple[int, Chunk | None]) -> bool:
         """Hand one event to the event loop (any thread); False when the loop is gone."""
+        return self.post_many([item])
+
+    def post_many(self, items: list[tuple[int, Chunk | None]]) -> bool:
+        """Hand events to the event loop in one wake-up (any thread); False when the loop is gone."""
+        if not items:
+            return True
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+            self.loop.call_soon_threadsafe(_put_all, self.events, items)
             return True
         except RuntimeError:  # the event loop is gone (shutdown): nobody will read this request
             return False
@@ -122,6 +131,11 @@ class JobGroup:
         if self._on_close is not None:
             self._on_close(self)
             self._on_close = None
+
+
+def _put_all(queue: "asyncio.Queue", items: list) -> None:
+    for item in items:
+        queue.put_nowait(item)
 
 
 class _Watch:
@@ -224,6 +238,7 @@ class Dispatcher:
             if w.group.closed:
                 continue  # the response is over (its requests were cancelled)
             finished = False
+            items: list[tuple[int, Chunk | None]] = []
             try:
                 while not w.pollable or w.req.has_output:
                     ch = next(w.it, None)
@@ -231,10 +246,14 @@ class Dispatcher:
                         finished = True
                         break
                     moved = True
-                    if not w.group.post((w.i, ch)):
-                        w.group.closed = True
-                        w.req.cancel()
-                        break
+                    if w.group.stream:
+                        items.append((w.i, ch))
+                        if not w.pollable and not w.group.post_many(items):  # it blocks between chunks: at once
+                            break
+                        items = [] if not w.pollable else items
+                if not w.group.post_many(items):
+                    w.group.closed = True
+                    w.req.cancel()
             except Exception as e:  # noqa: BLE001 - reported as the request's error
                 log.exception("request %s: reading its output failed", getattr(w.req, "id", "?"))
                 if not w.req.done:
@@ -294,6 +313,7 @@ class GenerationResponse:
         self.group = group
         self.renderer = renderer
         self.stream = stream
+        group.stream = stream
         self.ping_interval = ping_interval if ping_interval and ping_interval > 0 else None
         self.disconnected = False
 
