@@ -227,7 +227,16 @@ class CostModel:
         self.restore_ms: float | None = None
 
     def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.alpha * (new - old)
+        """The moving average; one sample moves it at most by a factor of 3 (a decode that waited for a busy
+        machine's scheduler, or a page fault, must not price speculation for the next hundred rounds).
+
+        >>> m = CostModel(); round(m._ema(10.0, 5000.0), 1)           # an outlier counts as 30 ms, not 5 s
+        14.0
+        """
+        if old is None:
+            return new
+        new = min(max(new, old / 3.0), old * 3.0)
+        return old + self.alpha * (new - old)
 
     def add_checkpoint(self, ms: float) -> None:
         self.checkpoint_ms = self._ema(self.checkpoint_ms, ms)

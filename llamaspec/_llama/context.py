@@ -20,6 +20,7 @@ from ..errors import ContextError, DecodeError, LlamaSpecError, OutputLimitError
 from . import rpc
 from .log import _forget_native_errors, _last_native_error, backend_init
 from .model import Model, _Owned
+from .token_batch import TokenBatch
 
 PROCESS_ENCODE = native.LLAMA_PROCESS_TYPE_ENCODE
 PROCESS_DECODE = native.LLAMA_PROCESS_TYPE_DECODE
@@ -194,6 +195,7 @@ class Context(_Owned):
             self.close()
             raise ContextError("llama_batch_ext_init failed")
         self._pos = (native.llama_pos * 4)()
+        self._tokens = TokenBatch(self.n_batch)
         self._mem = native.llama_get_memory(ptr)
         self.memory = Memory(self) if self._mem else None
         self.n_decodes = 0
@@ -236,6 +238,12 @@ class Context(_Owned):
                 raise OutputLimitError(
                     f"a sequence asks for {worst} output rows, n_outputs_max_per_seq={self.n_outputs_max_per_seq}"
                 )
+        if kind == PROCESS_DECODE and not self._rpc and TokenBatch.takes(rows):  # the hot loop's path
+            code, bad = self._tokens.fill(rows, self.n_vocab, self.n_seq_max)
+            if code:
+                raise DecodeError(self._add_error(code, rows[bad]), status=code)
+            self._decoded(self._tokens.decode(ptr), n)
+            return
         b = self._batch
         native.llama_batch_ext_clear(b)
         pos = self._pos
@@ -262,6 +270,9 @@ class Context(_Owned):
             rc = rpc.call(_process_sync, ptr, kind, b, what="a decode", timeout=rpc.DECODE_TIMEOUT_S)
         else:
             rc = native.llama_process(ptr, kind, b)
+        self._decoded(rc, n)
+
+    def _decoded(self, rc: int, n: int) -> None:
         self.n_decodes += 1
         if rc != 0:
             why = _last_native_error("")
@@ -281,21 +292,14 @@ class Context(_Owned):
             start += len(chunk)
 
     def _add_error(self, code: int, r: Row) -> str:
-        if code == -1:
-            return f"batch is full (n_batch={self.n_batch})"
-        if code == -2:
-            return f"invalid token {r.token} (vocabulary has {self.n_vocab} tokens)"
-        if code == -3:
-            return f"invalid sequence id {r.seq_id} (n_seq_max={self.n_seq_max})"
-        return f"llama_batch_ext_add failed with {code}"
+        return {-1: f"batch is full (n_batch={self.n_batch})",
+                -2: f"invalid token {r.token} (vocabulary has {self.n_vocab} tokens)",
+                -3: f"invalid sequence id {r.seq_id} (n_seq_max={self.n_seq_max})"}.get(code, f"llama_batch_ext_add failed with {code}")
 
     @staticmethod
     def _rc_message(rc: int, n: int) -> str:
-        if rc == 1:
-            return f"no KV cache slot for a batch of {n} tokens (context full: raise n_ctx or shorten the prompt)"
-        if rc == 2:
-            return "decode aborted"
-        return f"llama_process failed with status {rc} for a batch of {n} rows"
+        return {1: f"no KV cache slot for a batch of {n} tokens (context full: raise n_ctx or shorten the prompt)",
+                2: "decode aborted"}.get(rc, f"llama_process failed with status {rc} for a batch of {n} rows")
 
     # -- outputs --------------------------------------------------------------------------------
     def logits(self, i: int) -> np.ndarray:
@@ -400,6 +404,16 @@ class Memory:
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         """Remove positions ``[p0, p1)`` of ``seq_id``; returns llama.cpp's bool (never ignore it)."""
         return bool(native.llama_memory_seq_rm(self.ptr, seq_id, p0, p1))
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Move positions ``[p0, p1)`` of ``seq_id`` by ``delta`` (a context shift; only where
+        :attr:`can_shift`)."""
+        native.llama_memory_seq_add(self.ptr, seq_id, p0, p1, delta)
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether positions can be moved (:meth:`seq_add`): a KV cache with RoPE, not a recurrent state."""
+        return bool(native.llama_memory_can_shift(self.ptr))
 
     def pos_min(self, seq_id: int) -> int:
         return int(native.llama_memory_seq_pos_min(self.ptr, seq_id))

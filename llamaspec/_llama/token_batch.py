@@ -1,0 +1,71 @@
+"""A token-only batch filled from numpy in a few calls: the decode path of the hot loop.
+
+``llama_batch_ext`` takes a row in three calls across the ctypes boundary (add, position, output flag), which
+on a small model costs more than the decode itself. A batch of plain token rows (no embeddings, one sequence
+each) goes instead through the classic ``llama_batch`` + ``llama_decode``, which the vendored llama.cpp turns
+into the same ``llama_batch_ext`` in C++ (``llama_batch_compat``): same rows, same outputs, same batch
+indices for ``llama_get_logits_ith``. The arrays are allocated once per context and written with numpy slice
+assignments; the struct points at them (it is never passed to ``llama_batch_free``).
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Sequence
+
+import numpy as np
+from llama_cpp import llama_cpp as native
+
+__all__ = ["TokenBatch"]
+
+
+class TokenBatch:
+    """Preallocated arrays for up to ``n_max`` token rows and the ``llama_batch`` that points at them."""
+
+    def __init__(self, n_max: int):
+        self.n_max = n_max
+        self.token = np.zeros(n_max, dtype=np.int32)
+        self.pos = np.zeros(n_max, dtype=np.int32)
+        self.n_seq_id = np.ones(n_max, dtype=np.int32)
+        self.seq = np.zeros(n_max, dtype=np.int32)
+        self.logits = np.zeros(n_max, dtype=np.int8)
+        i32p = ctypes.POINTER(ctypes.c_int32)
+        base = self.seq.ctypes.data
+        self._seq_ptrs = (i32p * n_max)(*[ctypes.cast(base + 4 * i, i32p) for i in range(n_max)])
+        b = native.llama_batch()
+        b.n_tokens = 0
+        b.token = self.token.ctypes.data_as(ctypes.POINTER(native.llama_token))
+        b.embd = None
+        b.pos = self.pos.ctypes.data_as(ctypes.POINTER(native.llama_pos))
+        b.n_seq_id = self.n_seq_id.ctypes.data_as(i32p)
+        b.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(native.llama_seq_id)))
+        b.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.batch = b
+
+    def fill(self, rows: Sequence, n_vocab: int, n_seq_max: int) -> tuple[int, int]:
+        """Write ``rows`` (``.token``, ``.pos``, ``.seq_id``, ``.output``); returns ``(code, i)``: the first row
+        ``i`` whose token is outside the vocabulary (code -2) or whose sequence is outside ``0..n_seq_max - 1``
+        (code -3) (llama_batch_ext_add's codes), or ``(0, -1)``."""
+        n = len(rows)
+        tok = self.token[:n]
+        tok[:] = [r.token for r in rows]
+        self.pos[:n] = [r.pos for r in rows]
+        seq = self.seq[:n]
+        seq[:] = [r.seq_id for r in rows]
+        self.logits[:n] = [r.output for r in rows]
+        self.batch.n_tokens = n
+        for code, bad in ((-2, (tok < 0) | (tok >= n_vocab)), (-3, (seq < 0) | (seq >= n_seq_max))):
+            i = np.flatnonzero(bad)
+            if i.size:
+                return code, int(i[0])
+        return 0, -1
+
+    def decode(self, ctx_ptr: int) -> int:
+        return native.llama_decode(ctx_ptr, self.batch)
+
+    @staticmethod
+    def takes(rows: Sequence) -> bool:
+        """Whether these rows are plain token rows (no embedding row, no embedding input)."""
+        for r in rows:
+            if r.token is None or r.embd is not None:
+                return False
+        return True
