@@ -467,9 +467,10 @@ def test_bench_server_quick(tmp_path):
 
     if find_spec("starlette") is None or find_spec("uvicorn") is None:
         pytest.skip('bench --server needs the server extra: pip install "llamaspec[server]"')
-    js, md = tmp_path / "s.json", tmp_path / "s.md"
+    js, md, png = tmp_path / "s.json", tmp_path / "s.md", tmp_path / "s.png"
+    plot = ["--plot", str(png)] if find_spec("matplotlib") is not None else []
     r = _invoke(["--quick", "--server", "--clients", "1,2", "-n", "8", "--native-dir", str(tmp_path / "nothing"),
-                 "--json", str(js), "--markdown", str(md)])
+                 "--json", str(js), "--markdown", str(md), *plot])
     assert r.exit_code == 0, r.output
     rep = json.loads(js.read_text())
     assert rep["kind"] == "server" and rep["settings"]["n_parallel"] == 4
@@ -484,6 +485,8 @@ def test_bench_server_quick(tmp_path):
     assert run2["n_requests"] == run2["n_ok"] == 4 and 0 < run2["predicted_n"] <= 4 * 8
     assert any("not built" in n for n in rep["notes"])
     assert md.read_text().startswith("# llamaspec bench --server")
+    if plot:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = _invoke(["--quick", "--server", "--clients", "1,x"])
     assert r.exit_code == 2 and "--clients" in r.output
     r = _invoke(["--quick", "--server", "--server-variants", "ls:nope"])

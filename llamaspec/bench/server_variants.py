@@ -109,3 +109,51 @@ def sweep_variants(draft: str | None) -> str:
     if draft:
         return "ls:defaults,native:plain,native:draft:3,native:draft:8"
     return "ls:defaults,native:plain,native:spec-default"
+
+
+def plot_server_png(report: dict, path) -> None:
+    """Aggregate tokens/s by concurrent clients, one line per setting (min–max whiskers over the repeats),
+    and below it llamaspec's ratio to the best llama-server setting at each client count."""
+    import io
+
+    from .report import require_matplotlib, write_atomic
+
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    keys = list(dict.fromkeys(r["variant"] for r in rows))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 7), gridspec_kw={"height_ratios": [2.2, 1]}, sharex=True)
+    for k in keys:
+        rs = sorted((r for r in rows if r["variant"] == k), key=lambda r: r["clients"])
+        xs = [r["clients"] for r in rs]
+        ys = [r["tps_median"] for r in rs]
+        err = [[y - r["tps_min"] for y, r in zip(ys, rs)], [r["tps_max"] - y for y, r in zip(ys, rs)]]
+        style = "-o" if rs[0]["engine"] == "llamaspec" else "--s"
+        ax1.errorbar(xs, ys, yerr=err, fmt=style, capsize=3, label=rs[0]["server"], lw=2.2 if style == "-o" else 1.4)
+        if rs[0]["engine"] == "llamaspec":
+            ratio = [(r["clients"], r["ratio_vs_native"]) for r in rs if r.get("ratio_vs_native") is not None]
+            if ratio:
+                ax2.plot(*zip(*ratio), "-o", label=f"{rs[0]['server']} / best llama-server")
+    ax1.set_ylabel("aggregate tokens/s")
+    ax1.set_xscale("log", base=2)
+    ax1.legend(fontsize=8)
+    ax1.grid(alpha=0.3)
+    s = report["settings"]
+    ax1.set_title(f"{s['target']} + {s['draft']}, -np {s['n_parallel']}, n_predict {s['n_predict']}", fontsize=9)
+    ax2.axhline(1.0, color="grey", lw=1)
+    ax2.set_ylabel("ratio")
+    ax2.set_xlabel("concurrent clients")
+    ax2.grid(alpha=0.3)
+    if ax2.lines[1:]:
+        ax2.legend(fontsize=8)
+    xs = sorted({r["clients"] for r in rows})
+    ax2.set_xticks(xs, [str(x) for x in xs])
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())

@@ -174,7 +174,7 @@ def bench(quick, server_mode, clients, sweep, server_variants, n_parallel, pair,
             n_parallel = n_parallel if given("n_parallel") else 16
         return _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients,
                             server_variants, n_parallel, engines, n_predict, repeats, ctx_size, batch_size, dev, seed, spec_draft_n_max,
-                            spec_draft_n_min, native_dir, json_path, md_path)
+                            spec_draft_n_min, native_dir, json_path, md_path, plot_path)
     prompts = load_prompts(prompts_file)
     if quick:
         prompts = quick_subset(prompts, limit or QUICK_PROMPTS, QUICK_CHARS)
@@ -204,7 +204,7 @@ def bench(quick, server_mode, clients, sweep, server_variants, n_parallel, pair,
 
 
 def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients, variants, n_parallel,
-                 engines, n_predict, repeats, ctx_size, batch_size, dev, seed, n_max, n_min, native_dir, json_path, md_path):
+                 engines, n_predict, repeats, ctx_size, batch_size, dev, seed, n_max, n_min, native_dir, json_path, md_path, plot_path=None):
     """``--server``: llamaspec serve against llama-server (llamaspec/bench/server_mode.py)."""
     from importlib.util import find_spec
 
@@ -248,6 +248,10 @@ def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, p
         write_json(report, json_path)
     if md_path:
         write_atomic(md_path, md)
+    if plot_path:
+        from llamaspec.bench.server_variants import plot_server_png
+
+        plot_server_png(report, plot_path)
 
 
 def _emit(report: dict, json_path, md_path, plot_path) -> None:
