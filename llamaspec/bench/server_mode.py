@@ -51,6 +51,9 @@ class ServerBenchConfig:
     n_ctx: int = 4096  # total, split over the slots by both servers
     n_batch: int = 512
     threads: int = 0  # 0 = the servers' default
+    #: layers of the target / draft in VRAM, both servers (-1: all); 0 = the CPU
+    n_gpu_layers: int = 0
+    n_gpu_layers_draft: int | None = None
     draft_n_max: int = 3
     draft_n_min: int = 0
     seed: int = 42
@@ -146,6 +149,9 @@ def server_args(cfg: ServerBenchConfig) -> list[str]:
     a = ["-c", str(cfg.n_ctx), "-b", str(cfg.n_batch), "-np", str(cfg.n_parallel), "--temp", "0", "--seed", str(cfg.seed)]
     if cfg.threads:
         a += ["-t", str(cfg.threads), "-tb", str(cfg.threads), "-td", str(cfg.threads)]
+    ngl = "all" if cfg.n_gpu_layers < 0 else str(cfg.n_gpu_layers)
+    ngld = cfg.n_gpu_layers if cfg.n_gpu_layers_draft is None else cfg.n_gpu_layers_draft
+    a += ["-ngl", ngl, "-ngld", "all" if ngld < 0 else str(ngld)]
     return a
 
 
@@ -159,8 +165,7 @@ def make_server(v: ServerVariant, cfg: ServerBenchConfig, log_dir: str) -> HttpS
     if binary is None:
         raise UsageError(f"{SERVER} is not built (scripts/build_llama_cpp.sh --targets tools)")
     return HttpServer(v.label, lambda port: [str(binary), "-m", str(cfg.target), "--host", LOOPBACK, "--port",
-                                             str(port), "--no-webui", "--cache-ram", "0", "-ngl", "0",
-                                             *(["-ngld", "0"] if "-md" in v.args else []), *common], log_dir)
+                                             str(port), "--no-webui", "--cache-ram", "0", *common], log_dir)
 
 
 def measure(server: HttpServer, prompts: Sequence[Sequence[int]], clients: int, n_predict: int, seed: int) -> dict:

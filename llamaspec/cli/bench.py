@@ -234,7 +234,8 @@ def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, p
             n_parallel=n_parallel, n_predict=n_predict, repeats=repeats if given("repeats") or quick else 2,
             n_ctx=ctx_size if given("ctx_size") else ctx_size * n_parallel, n_batch=batch_size,
             # --quick: one thread (tiny models; a busy machine makes llama.cpp's thread pool spin)
-            threads=dev["n_threads"] or (1 if quick else 0), draft_n_max=n_max, draft_n_min=n_min, seed=seed, native_dir=native_dir,
+            threads=dev["n_threads"] or (1 if quick else 0), n_gpu_layers=dev["n_gpu_layers"] or 0,
+            n_gpu_layers_draft=dev["n_gpu_layers_draft"], draft_n_max=n_max, draft_n_min=n_min, seed=seed, native_dir=native_dir,
             target_name=target_name, draft_name=draft_name, quick=quick,
             variants=tuple(parse_variants(variants, draft, n_max, n_min)) if variants else None,
             command="llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None)
