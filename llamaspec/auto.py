@@ -249,6 +249,9 @@ class GatedDrafter(Drafter):
     def configure_sampling(self, seq_id, temp, seed):
         self.inner.configure_sampling(seq_id, temp, seed)
 
+    def set_owner(self, seq_id, owner):
+        self.inner.set_owner(seq_id, owner)
+
     def reset(self, seq_id):
         self.inner.reset(seq_id)
         self._k[seq_id] = 0
@@ -299,6 +302,9 @@ class AutoChain(Chain):
             if isinstance(d, NgramLookup):
                 info.update(d.skips)
                 info["n_explore"] = d.n_explore
+                if d.pool is not None:  # drafts from the shared pool (of them: accepted tokens), tokens held
+                    info.update(pool_drafts=d.pool.n_drafts, pool_accepted=d.pool.n_accepted,
+                                pool_tokens=d.pool.pool.n_tokens)
             if isinstance(d, GatedDrafter):
                 info.update(gated=d.n_gated, n_gate_off=d.n_gate_off,
                             last_gain=None if d.last_gain is None else round(d.last_gain, 3))

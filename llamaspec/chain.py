@@ -22,6 +22,14 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("llamaspec")
 
 
+def _forget(d: Drafter, seq_id: int) -> None:
+    """``d.reset(seq_id)``, except for ngram-mod: its ``reset()`` is another verb under that name (it empties
+    the table every sequence shares, and takes no sequence) and what it keeps per sequence is set anew by
+    ``begin``, so a cancel or a redone decode has nothing of it to drop."""
+    if d.type != "ngram-mod":
+        d.reset(seq_id)
+
+
 class Chain:
     def __init__(self, impls: Sequence[Drafter], n_seq: int):
         if not impls:
@@ -40,8 +48,12 @@ class Chain:
         return [d.type for d in self.impls]
 
     # -- protocol -------------------------------------------------------------------------------
-    def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
+    def begin(self, seq_id: int, prompt: Sequence[int], owner: str | None = None) -> None:
+        """A new request on ``seq_id``; ``owner`` (its tenant; None: keep the last one) goes first to every
+        drafter's ``set_owner``."""
         for d in self.impls:
+            if owner is not None:
+                d.set_owner(seq_id, owner)
             with Timer(d.stats, "t_begin_us"):
                 d.begin(seq_id, prompt)
             d.stats.n_call_begin += 1
@@ -121,7 +133,7 @@ class Chain:
         """Every drafter forgets what it cached for ``seq_id`` (a failed decode is redone); the sequence's
         draft request and ``impl_last`` stay."""
         for d in self.impls:
-            d.reset(seq_id)
+            _forget(d, seq_id)
 
     def configure_sampling(self, seq_id: int, temp: float, seed: int) -> None:
         for d in self.impls:
@@ -133,7 +145,7 @@ class Chain:
         dp.drafting, dp.result, dp.probs = False, [], None
         self.impl_last[seq_id] = None
         for d in self.impls:
-            d.reset(seq_id)
+            _forget(d, seq_id)
 
     def redecode(self, seq_id: int, tokens: Sequence[int], pos0: int) -> bool:
         """The drafter that owns the draft context decodes ``tokens`` at ``pos0..`` again (after a FULL draft

@@ -14,6 +14,7 @@ from .slot import Chunk, FinishReason, Slot, SlotState
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import _llama as llama
+    from .logprobs import TokenProb
 
 __all__ = ["Emitter"]
 
@@ -22,19 +23,27 @@ class Emitter:
     def __init__(self, vocab: "llama.Vocab", n_ctx_seq: int):
         self.vocab = vocab
         self.n_ctx_seq = n_ctx_seq
+        #: --context-shift is on (llamaspec.ctx_shift): a full context is shifted, it does not end the request
+        self.ctx_shift = False
 
-    def emit(self, slot: Slot, tokens: list[int], n_from_draft: int) -> Chunk:
-        """Commit sampled tokens to the slot's output; ``n_from_draft`` of the leading ones were drafted."""
+    def emit(self, slot: Slot, tokens: list[int], n_from_draft: int, probs: "list[TokenProb] | None" = None) -> Chunk:
+        """Commit sampled tokens to the slot's output; ``n_from_draft`` of the leading ones were drafted;
+        ``probs``: one entry per token when the request asked for them (the chunk keeps those of the tokens
+        it emits, and the text each of them made final)."""
         vocab, stream = self.vocab, slot.stream
         emitted: list[int] = []
         text = ""
+        texts: list[str] | None = [] if probs is not None else None
         for t in tokens:
             if vocab.is_eog(t):
                 slot.finish_reason, slot.stop_type = FinishReason.STOP, "eos"
                 break
             emitted.append(t)
             slot.generated.append(t)
-            text += stream.feed(vocab.token_to_piece(t))
+            piece = stream.feed(vocab.token_to_piece(t))
+            text += piece
+            if texts is not None:
+                texts.append(piece)
             if stream.stopped:
                 slot.finish_reason, slot.stop_type = FinishReason.STOP, "word"
                 slot.stopping_word = stream.stop_string
@@ -42,7 +51,7 @@ class Emitter:
             if slot.n_remaining == 0:
                 slot.finish_reason, slot.stop_type = FinishReason.LENGTH, "limit"
                 break
-        if slot.finish_reason is None and slot.n_past >= self.n_ctx_seq - 1:
+        if slot.finish_reason is None and slot.n_past >= self.n_ctx_seq - 1 and not self.ctx_shift:
             # no room left to decode the sampled token
             slot.finish_reason, slot.stop_type, slot.truncated = FinishReason.LENGTH, "limit", True
         slot.sampled = tokens[-1] if slot.finish_reason is None else None
@@ -52,7 +61,13 @@ class Emitter:
             slot.stats.t_decode_s = now - slot.t_start
         finished = slot.finish_reason is not None
         if finished:
-            text += stream.flush()
+            tail = stream.flush()
+            text += tail
+            if texts:
+                texts[-1] += tail
             slot.state = SlotState.DONE
             slot.prompt_tokens = slot.tokens[: slot.n_prompt]
-        return Chunk(slot.id, emitted, text, finished, min(n_from_draft, len(emitted)))
+        ch = Chunk(slot.id, emitted, text, finished, min(n_from_draft, len(emitted)))
+        if probs is not None:
+            ch.probs, ch.texts = probs[: len(emitted)], texts
+        return ch

@@ -34,6 +34,7 @@ from .chain import Chain
 from .contexts import build_parts
 from .drafters.base import Drafter
 from .errors import EngineClosedError, UsageError
+from .logprobs import ProbsSpec
 from .memory import DraftRollback, TargetRollback
 from .params import ADAPTIVE_DRAFT_N_MAX, ADAPTIVE_TYPES, VERIFY_MODES, RequestSpec, SpecParams
 from .policy import DraftBudget
@@ -97,6 +98,7 @@ class Engine:
         cache_prompt: bool = False,
         rpc_servers: "Sequence[str] | str | None" = None,
         rpc_servers_draft: "Sequence[str] | str | None" = None,
+        context_shift: bool = False,
     ):
         """``drafters``: your own :class:`~llamaspec.drafters.base.Drafter` objects, in priority order, used
         instead of the chain that ``spec`` describes (their ``n_seq`` must equal ``n_parallel``).
@@ -107,6 +109,7 @@ class Engine:
 
         ``cache_prompt``: a finished request's tokens stay in its slot's memory, and the next request with
         a common prefix decodes only the rest (llama-server's prompt cache; see :mod:`llamaspec.scheduler`).
+        ``context_shift``: a full context drops old tokens instead of ending the request (:mod:`llamaspec.ctx_shift`).
         """
         if n_parallel < 1:
             raise UsageError(f"n_parallel must be >= 1, got {n_parallel}")
@@ -162,6 +165,7 @@ class Engine:
         self.round = Round(self.ctx, self.chain, self.vocab, self.rollback_tgt, self.rollback_dft, self.budget,
                            self.cost_model if self.chain is not None else None,  # plain decoding: nothing to price
                            spec.replay_accept_corrected)
+        self.round.shift.enable(context_shift)
         self._stepper = Stepper(self._step, self.scheduler.has_work, lambda: self._closed)
         self._id_lock = threading.Lock()
         self._next_id = 0
@@ -235,16 +239,20 @@ class Engine:
         speculative: RequestSpec | None = None,
         id_slot: int = -1,
         cache_prompt: bool = True,
+        probs: "ProbsSpec | int | None" = None,
+        progress: bool = False, owner: str = "",
     ) -> Request:
         """Queue a request (any thread) and return its :class:`~llamaspec.request.Request`.
 
         ``n_predict=0`` decodes the prompt only. ``speculative`` lowers the engine's draft settings for this
         request (``n_max=0``: no drafting). ``id_slot`` pins a slot. ``cache_prompt`` reuses the slot's
-        cached prefix when the engine keeps a prompt cache (:mod:`llamaspec.scheduler`)."""
+        cached prefix when the engine keeps a prompt cache (:mod:`llamaspec.scheduler`). ``probs``: token
+        probabilities of every emitted token (:mod:`llamaspec.logprobs`; an int is ``n_probs``). ``progress``:
+        prompt-progress chunks (``Chunk.progress``) before and while the prompt is decoded."""
         self._check_open()
         tokens = self.tokenize(prompt, parse_special=parse_special) if isinstance(prompt, str) else list(prompt)
-        check_request(tokens, n_predict, id_slot, n_vocab=self.vocab.n_tokens, n_ctx_seq=self.n_ctx_seq,
-                      n_ctx_train=self.model.n_ctx_train, n_parallel=self.n_parallel)
+        probs = check_request(tokens, n_predict, id_slot, n_vocab=self.vocab.n_tokens, n_ctx_seq=self.n_ctx_seq,
+                              n_ctx_train=self.model.n_ctx_train, n_parallel=self.n_parallel, probs=probs)
         if speculative is not None:
             speculative.validate(self.chain.n_max if self.chain is not None else 0)
         sampling = resolve_sampling(sampling or llama.SamplingParams(temp=0.0), self.n_ctx_seq)
@@ -253,7 +261,8 @@ class Engine:
             self._next_id += 1
             req = Request(self, self._next_id, tokens, n_predict=n_predict, sampling=sampling, sampler=sampler,
                           stop=stop)
-        req.speculative, req.id_slot, req.cache_prompt = speculative, id_slot, cache_prompt
+        req.speculative, req.id_slot, req.cache_prompt, req.probs = speculative, id_slot, cache_prompt, probs
+        req.progress, req.owner = progress, owner  # owner: the tenant (the shared n-gram pool drafts within it)
         self.scheduler.enqueue(req)
         self._stepper.run_now(self.scheduler.admit)
         return req

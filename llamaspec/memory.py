@@ -179,6 +179,25 @@ class Rollback:
             return True
         return self.level is Level.RS and n_rollback > self.n_rs_seq
 
+    # -- context shift (llama-server's --context-shift) ---------------------------------------------
+    def can_shift(self) -> bool:
+        """Whether this memory can drop a span in the middle of a sequence and move what follows down (a
+        trimmable KV cache whose positions can move: llama.cpp's ``memory_can_shift``); True without one."""
+        if not self._live():
+            return True
+        return self.level is Level.PART and self.ctx.memory.can_shift
+
+    def shift(self, seq_id: int, n_keep: int, n_discard: int, n_past: int) -> None:
+        """Drop positions ``[n_keep, n_keep + n_discard)`` of the ``n_past`` of ``seq_id`` and move the rest
+        down by ``n_discard`` (only where :meth:`can_shift`); raises if the memory refuses."""
+        if not self._live():
+            return
+        memory = self.ctx.memory
+        if not memory.seq_rm(seq_id, n_keep, n_keep + n_discard):
+            raise MemoryOpError(f"seq_rm(seq={seq_id}, p0={n_keep}, p1={n_keep + n_discard}) was refused by a "
+                                f"{self.level.name} memory: the context cannot be shifted")
+        memory.seq_add(seq_id, n_keep + n_discard, n_past, -n_discard)
+
     # -- primitives -------------------------------------------------------------------------------
     def trim(self, seq_id: int, pos: int) -> bool:
         """Drop positions ``>= pos``; raises if the memory refuses. Returns whether anything was removed."""

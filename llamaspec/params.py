@@ -157,6 +157,11 @@ class NgramLookupParams:
     #: long draft is risked on it (0 = no such limit; ``auto`` with a draft model sets AUTO_NGRAM_K_START,
     #: where a failed long copy costs the draft model's round too)
     k_start: int = 0
+    #: tokens of finished requests kept in the shared pool every slot also drafts from
+    #: (:mod:`llamaspec.drafters.ngram_pool`; 0 = no pool)
+    pool_tokens: int = 262144
+    #: every tenant (API key) drafts from every other's sequences (default: only from its own)
+    pool_shared: bool = False
 
 
 @dataclass

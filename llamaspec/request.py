@@ -20,10 +20,12 @@ from collections import deque
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 from .errors import ContextOverflowError, LlamaSpecError, RequestError, UsageError
+from .logprobs import check_probs
 from .slot import Chunk, FinishReason, GenerationResult, GenerationStats
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import _llama as llama
+    from .logprobs import ProbsSpec, TokenProb
     from .sampler import TargetSampler
     from .slot import Slot
 
@@ -42,8 +44,9 @@ class Driver(Protocol):
 
 
 def check_request(tokens: Sequence[int], n_predict: int, id_slot: int, *, n_vocab: int, n_ctx_seq: int,
-                  n_ctx_train: int, n_parallel: int) -> None:
-    """Raise :class:`UsageError` (or :class:`ContextOverflowError`) naming what is wrong with a request."""
+                  n_ctx_train: int, n_parallel: int, probs: "ProbsSpec | int | None" = None) -> "ProbsSpec | None":
+    """Raise :class:`UsageError` (or :class:`ContextOverflowError`) naming what is wrong with a request;
+    returns its token-probability request as a :class:`~llamaspec.logprobs.ProbsSpec` (None: none)."""
     if not tokens:
         raise UsageError("the prompt is empty (and the model adds no BOS token): give at least one token")
     bad = [t for t in tokens if not 0 <= t < n_vocab]
@@ -58,6 +61,7 @@ def check_request(tokens: Sequence[int], n_predict: int, id_slot: int, *, n_voca
         raise UsageError(f"n_predict must be >= -1 (-1 = until end of generation or context), got {n_predict}")
     if not -1 <= id_slot < n_parallel:
         raise UsageError(f"id_slot must be -1 (any) or 0..{n_parallel - 1}, got {id_slot}")
+    return check_probs(probs, n_vocab)
 
 
 def resolve_sampling(sampling: "llama.SamplingParams", n_ctx_seq: int) -> "llama.SamplingParams":
@@ -95,8 +99,13 @@ class Request:
         self.sampling = sampling
         self.stop = tuple(stop)
         self.speculative = None  # RequestSpec | None: per-request speculative settings
+        #: the token probabilities asked for (llamaspec.logprobs.ProbsSpec) and, then, one entry per token
+        self.probs: "ProbsSpec | None" = None
+        self.token_probs: "list[TokenProb]" = []
         self.id_slot = -1
         self.cache_prompt = True
+        #: deliver prompt-progress chunks (:class:`~llamaspec.slot.PromptProgress`) while the prompt is decoded
+        self.progress = False
         self.state = RequestState.QUEUED
         self.finish_reason: FinishReason | None = None
         #: the error message when ``finish_reason`` is ``error``
@@ -172,7 +181,8 @@ class Request:
 
     def to_result(self) -> GenerationResult:
         return GenerationResult(list(self.tokens), self.text, self.finish_reason or FinishReason.ABORT, self.stats,
-                                list(self.prompt_tokens), list(self.drafted_mask), self.error)
+                                list(self.prompt_tokens), list(self.drafted_mask), self.error,
+                                list(self.token_probs) if self.probs is not None else None)
 
     def _next_chunk(self, timeout: float | None) -> Chunk | None:
         while True:
@@ -202,6 +212,8 @@ class Request:
     def deliver(self, ch: Chunk) -> None:
         """One chunk this request produced (inside a step)."""
         self.tokens.extend(ch.tokens)
+        if ch.probs:
+            self.token_probs.extend(ch.probs)
         self.drafted_mask.extend(i < ch.n_from_draft for i in range(len(ch.tokens)))
         self._text.append(ch.text)
         self._chunks.append(ch)

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 from . import _llama as llama
+from .ctx_shift import ContextShift
 from .emit import Emitter
 from .errors import LlamaSpecError, MemoryOpError
-from .slot import Chunk, FinishReason, Slot, SlotState
+from .logprobs import RoundProbs
+from .slot import Chunk, FinishReason, Slot, SlotState, progress_chunk
 
 if TYPE_CHECKING:  # pragma: no cover
     from .adaptive import CostModel
@@ -67,6 +69,7 @@ class Round:
         self.cost_model = cost_model
         self.replay_accept_corrected = replay_accept_corrected
         self.emitter = Emitter(vocab, ctx.n_ctx_seq)
+        self.shift = ContextShift(rollback_tgt, rollback_dft, chain, self.emitter, getattr(vocab, "add_bos", False))
         self.counters = DecodeCounters()
         self.out = RoundOutcome()
 
@@ -76,6 +79,7 @@ class Round:
         prompt chunks (continuous batching), decode, then verify / finish prompts slot by slot; everything it
         did goes into ``out``."""
         self.out = out
+        gen = self.shift.run(gen, self._fail)  # --context-shift: full slots drop old tokens first
         if self.chain is not None and gen:
             for s in self._draft(gen):
                 try:
@@ -112,6 +116,8 @@ class Round:
 
     def _prompt_chunk_done(self, s: Slot) -> None:
         s.n_prompt_done += s.n_prompt_chunk
+        if s.report_progress:
+            self.out.chunks.append(progress_chunk(s))
         if s.want_prompt_ckpt and s.n_prompt_done == len(s.tokens) - 1:
             self.out.prompt_checkpoints.append(s)
         if s.n_prompt_done == len(s.tokens):
@@ -121,7 +127,7 @@ class Round:
         """§7.1: the prompt is in memory: ``chain.begin``, the sampler sees the prompt (llama-server's
         ``init_sampler``), the first token is sampled from the prompt's last row."""
         if self.chain is not None:
-            self.chain.begin(slot.seq_id, slot.tokens)
+            self.chain.begin(slot.seq_id, slot.tokens, getattr(slot, "owner", ""))
         t1 = time.perf_counter()
         slot.stats.t_prompt_s = t1 - slot.t_start
         slot.t_start = t1
@@ -134,10 +140,12 @@ class Round:
             self._emit(slot, [], 0)
             return
         slot.sampler.accept_prompt(slot.tokens)
-        self._emit(slot, [slot.sampler.sample(self.ctx, row)], 0)
+        rp = RoundProbs(slot.probs, slot.sampler) if slot.probs is not None else None
+        tok = slot.sampler.sample(self.ctx, row)
+        self._emit(slot, [tok], 0, rp.entries(self.ctx, [row], [tok]) if rp is not None else None)
 
-    def _emit(self, slot: Slot, tokens: list[int], n_from_draft: int) -> None:
-        ch = self.emitter.emit(slot, tokens, n_from_draft)
+    def _emit(self, slot: Slot, tokens: list[int], n_from_draft: int, probs: list | None = None) -> None:
+        ch = self.emitter.emit(slot, tokens, n_from_draft, probs)
         self.out.chunks.append(ch)
         if ch.finished:
             self.out.finished.append(slot)
@@ -360,6 +368,7 @@ class Round:
         draft, rows, is_replay = s.spec_draft, s.spec_i_batch, s.spec_is_replay
         s.spec_i_batch = []
         # 2. verify (or replay the decisions of a restored round)
+        rp = RoundProbs(s.probs, s.sampler) if s.probs is not None else None  # before the sampler moves
         if is_replay:
             accepted = s.verifier.replay(rows, draft)
         else:
@@ -369,8 +378,11 @@ class Round:
         # 3.-4. restore + replay when seq_rm cannot drop the rejected rows: nothing is emitted this round
         n_rollback = len(draft) + 1 - len(accepted)
         if n_rollback > 0 and self.rollback_tgt.needs_restore(n_rollback):
+            if rp is not None:
+                rp.close()
             self._restore(s, accepted)
             return
+        probs = rp.entries(self.ctx, rows, accepted) if rp is not None else None  # this decode's logits
         # 5.-6. statistics: the chain, then the slot (a replayed target token is not an accepted draft)
         n_from_draft = 0
         if draft:
@@ -385,7 +397,7 @@ class Round:
                 s.stats.n_trims += 1
             self._redecode_draft(s, self.rollback_dft.commit(s.seq_id, s.n_past, s.spec_ckpt), s.n_past)
         # 9. emit
-        self._emit(s, accepted, n_from_draft)
+        self._emit(s, accepted, n_from_draft, probs)
 
     def _restore(self, s: Slot, accepted: list[int]) -> None:
         """§7.5 step 4: back to the checkpoint, the sampler as it was; the accepted tokens are replayed next."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from .memory import PromptCheckpoint
 from .request import Request, RequestState
-from .slot import FinishReason, GenerationStats, Slot, SlotState
+from .slot import FinishReason, GenerationStats, Slot, SlotState, progress_chunk
 from .text import TextStream
 from .verify.verifiers import verifier_for
 
@@ -126,7 +126,10 @@ class Scheduler:
         """Queued requests take slots, in submission order; a request pinned to a busy slot waits without
         holding back the others. A request whose start fails finishes with ``error``."""
         with self._queue_lock:
+            if not self._queued:
+                return
             waiting = list(self._queued)
+        n_free = sum(1 for s in self.slots if self.free(s))
         for req in waiting:
             if req.cancelled:
                 with self._queue_lock:
@@ -134,9 +137,12 @@ class Scheduler:
                 req.close_sampler()
                 req.finish(FinishReason.ABORT)
                 continue
+            if n_free == 0:  # every slot is busy: only cancels can be acted on
+                continue
             slot = self._choose_slot(req)
             if slot is None:
                 continue
+            n_free -= 1
             with self._queue_lock:
                 self._queued.remove(req)
             try:
@@ -166,6 +172,7 @@ class Scheduler:
         slot.sampler = req.take_sampler()
         slot.sampling = req.sampling
         slot.spec_req = req.speculative
+        slot.probs, slot.owner = req.probs, getattr(req, "owner", "")
         slot.tokens = list(req.prompt_tokens)
         slot.n_prompt = len(slot.tokens)
         slot.n_prompt_done = n_cached
@@ -185,6 +192,9 @@ class Scheduler:
             with self._queue_lock:
                 slot.adaptive = self.budget.controller(self.totals)
         req.state = RequestState.PROMPT
+        slot.report_progress = req.progress
+        if req.progress:  # before any prompt token is decoded: processed == cache
+            req.deliver(progress_chunk(slot, req.id))
 
     def _reuse_cache(self, slot: Slot, req: Request) -> int:
         """Keep the longest usable cached prefix of ``slot`` for ``req``; returns its length (0 = none).

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from .text import TextStream
 
 if TYPE_CHECKING:  # pragma: no cover
     from .adaptive import DraftLengthController
+    from .logprobs import ProbsSpec, TokenProb
     from .params import RequestSpec
     from .sampler import TargetSampler
     from .verify.verifiers import Verifier
@@ -131,6 +133,8 @@ class GenerationResult:
     drafted_mask: list[bool] = field(default_factory=list)
     #: the error message when ``finish_reason`` is ``error``
     error: str | None = None
+    #: per emitted token, its probabilities (:mod:`llamaspec.logprobs`) when the request asked for them
+    token_probs: "list[TokenProb] | None" = None
 
 
 @dataclass
@@ -148,6 +152,32 @@ class Chunk:
     n_from_draft: int = 0
     #: the id of the request that produced the chunk (chunks are delivered to it)
     request_id: int | None = None
+    #: when the request asked for probabilities: one entry per token (:mod:`llamaspec.logprobs`), and the
+    #: text each token made final (``"".join(texts) == text``), so that a stream can show them token by token
+    probs: "list[TokenProb] | None" = None
+    texts: list[str] | None = None
+    #: a prompt-progress report instead of output (no tokens, no text): only for a request that asked
+    progress: "PromptProgress | None" = None
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a slot's prompt is (llama-server's ``prompt_progress``): ``total`` prompt tokens, ``cache`` of
+    them reused from the prompt cache, ``processed`` in memory now (cached ones included), ``time_ms`` since
+    the prompt started."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+
+def progress_chunk(slot: "Slot", request_id: int | None = None) -> Chunk:
+    """The progress report of ``slot``'s prompt as it is now (a chunk without tokens or text)."""
+    started = slot.n_prompt_done > slot.stats.n_cached  # nothing decoded yet: no time spent on it
+    p = PromptProgress(slot.n_prompt, slot.stats.n_cached, slot.n_prompt_done,
+                       (time.perf_counter() - slot.t_start) * 1e3 if started else 0.0)
+    return Chunk(slot.id, [], "", request_id=request_id, progress=p)
 
 
 class Slot:
@@ -172,8 +202,12 @@ class Slot:
         self.n_prompt_chunk = 0  # prompt tokens decoded in this round's batch
         #: leave a prompt checkpoint after ``len(prompt) - 1`` tokens (the last prompt token is decoded alone)
         self.want_prompt_ckpt = False
+        #: the request wants a progress chunk before its prompt and after every prompt chunk
+        self.report_progress = False
         #: per-request speculative settings (None = the engine's)
         self.spec_req: "RequestSpec | None" = None
+        #: the token probabilities the request asked for (None: none, and nothing is computed)
+        self.probs: "ProbsSpec | None" = None
         #: adaptive draft length (llamaspec.adaptive), when the engine has it on
         self.adaptive: "DraftLengthController | None" = None
         self.prompt_tokens: list[int] = []  # the prompt, kept after the slot's memory is released

@@ -42,3 +42,44 @@ def wait_for_native_server(proc, url: str, tries: int = 600) -> None:
             time.sleep(0.2)
     raise RuntimeError(f"llama-server at {url} not ready")
 
+
+
+def _penalized(logits, window: list[int], sampling) -> "object":
+    """``logits`` after llama.cpp's penalties sampler (``llama_sampler_penalties_apply``) over ``window``, the
+    last ``repeat_last_n`` tokens it has accepted (prompt included, as llama-server feeds it)."""
+    import numpy as np
+
+    lg = np.array(logits, dtype=np.float64)
+    rp, fp, pp = sampling.repeat_penalty, sampling.frequency_penalty, sampling.presence_penalty
+    if sampling.repeat_last_n == 0 or (rp == 1.0 and fp == 0.0 and pp == 0.0):
+        return lg
+    counts: dict[int, int] = {}
+    for t in window:
+        counts[t] = counts.get(t, 0) + 1
+    for t, c in counts.items():
+        lg[t] = lg[t] * rp if lg[t] <= 0 else lg[t] / rp
+        lg[t] -= c * fp + pp
+    return lg
+
+
+def divergence_is_near_tie(target, prompt: list[int], a: list[int], b: list[int], *, sampling=None,
+                           tol: float = 0.01, **ctx_kw) -> tuple[bool, str]:
+    """Greedy outputs ``a`` and ``b`` of the same prompt: where they first differ, teacher-force the shared
+    prefix and accept the difference only when both candidates are within ``tol`` of each other and of the top
+    logit (testing-notes.md §1: batched and single-token logits differ slightly). ``sampling``'s penalties are
+    applied to the logits as llama.cpp's sampler would. One output a prefix of the other counts as agreeing."""
+    from llamaspec import _llama as L
+
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if k is None:
+        return True, "equal" if len(a) == len(b) else "prefix"
+    toks = list(prompt) + list(a[:k])
+    with L.Model(target) as m, L.Context(m, n_ctx=max(64, len(toks) + 8), n_batch=max(8, len(toks)), **ctx_kw) as ctx:
+        ctx.decode_tokens(toks, 0, 0)
+        lg = ctx.logits((len(toks) - 1) % ctx.n_batch)
+    if sampling is not None:
+        n = sampling.repeat_last_n
+        lg = _penalized(lg, toks[-n:] if n > 0 else toks, sampling)
+    gap, top = abs(float(lg[a[k]] - lg[b[k]])), float(lg.max())
+    ok = gap <= tol and top - max(float(lg[a[k]]), float(lg[b[k]])) <= tol
+    return ok, f"first difference at token {k}: {a[k]} vs {b[k]}, logit gap {gap:.5f}, top {top:.4f}"

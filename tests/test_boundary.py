@@ -393,6 +393,20 @@ def test_detokenize_from_two_threads(llama):
     assert not mismatches
 
 
+def test_tokenize_lone_surrogate_is_a_usage_error(llama, tiny_model):
+    """Found by tests/test_fuzz_engine.py: a lone surrogate (what a JSON ``"\\ud800"`` escape decodes to)
+    escaped ``tokenize`` and ``Engine.submit`` as a bare ``UnicodeEncodeError``."""
+    from llamaspec.engine import Engine
+
+    with pytest.raises(UsageError, match=r"lone surrogate '\\ud800' at character 2"):
+        llama.vocab.tokenize("ab\ud800cd")
+    assert llama.vocab.tokenize("ab\U0001f600cd")  # a proper pair (one astral character) is fine
+    with Engine(tiny_model("llama"), n_ctx=64) as e:
+        with pytest.raises(UsageError, match="lone surrogate"):
+            e.submit("x\udfff", n_predict=1)
+        assert e.generate("xy", n_predict=2).tokens  # the engine goes on
+
+
 # ---------------------------------------------------------------------------------------------------
 # chat templates (llamaspec.chat)
 # ---------------------------------------------------------------------------------------------------

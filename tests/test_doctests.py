@@ -16,6 +16,8 @@ MODULES = [
     "llamaspec.drafters.base",
     "llamaspec.drafters.draft_model",
     "llamaspec.drafters.ngram_lookup",
+    "llamaspec.drafters.ngram_pool",
+    "llamaspec.server.tenant",
     "llamaspec.auto",
     "llamaspec.adaptive",
     "llamaspec.bench.modes",

@@ -47,6 +47,20 @@ def test_greedy_equals_plain(tiny_model, plain, t, kind, n_parallel):
     assert ds["n_gen_tokens"] == sum(r.stats.n_drafted for r in rs)
 
 
+@pytest.mark.parametrize("t", TYPES)
+def test_cancel_mid_generation(tiny_model, plain, t):
+    """Found by tests/test_fuzz_engine.py: cancelling a request on an ngram-mod engine raised a TypeError out of
+    ``Request.cancel`` (the chain's per-sequence ``reset(seq_id)`` hit ngram-mod's table-wide ``reset()``)."""
+    with Engine(tiny_model("llama"), spec=small(t), n_ctx=256, n_parallel=2, **EXACT) as e:
+        req = e.submit(PROMPTS[0], n_predict=48)
+        while len(req.tokens) < 4:
+            e.step()
+        req.cancel()
+        e.step()
+        assert req.finish_reason == "abort" and all(s.state.value in ("idle", "done") for s in e.slots)
+        assert e.generate(PROMPTS[0], n_predict=48).tokens == plain["llama"][0]  # the slot serves the next one
+
+
 def test_chain_priority_ngram_before_draft_model(tiny_model, plain):
     p = small("draft-simple,ngram-simple,ngram-mod")
     with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=p, n_ctx=256, **EXACT) as e:

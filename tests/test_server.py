@@ -442,7 +442,7 @@ def test_error_shapes(http, client):
     _error(post("/v1/completions", prompt=[1, 2], grammar="root ::= nonsense ["), 400, "invalid_request_error")
     _error(post("/v1/completions", prompt=[1, 2], id_slot=99), 400, "invalid_request_error")
     _error(post("/v1/completions", prompt=[1, 1000]), 400, "invalid_request_error")  # outside the vocabulary
-    _error(post("/v1/completions", prompt=[1, 2], logprobs=2), 400, "invalid_request_error")
+    _error(post("/v1/completions", prompt=[1, 2], logprobs=-1), 400, "invalid_request_error")
     _error(post("/v1/completions", prompt=[1, 2], **{"speculative.verify": "guess"}), 400, "invalid_request_error")
     _error(post("/detokenize", tokens=[1, 999]), 400, "invalid_request_error")
     # prompt >= the slot's context: llama-server's exceed_context_size_error with the numbers

@@ -10,6 +10,7 @@ raises :class:`~llamaspec.errors.LlamaSpecError` instead of handing a NULL point
 * :mod:`.context` - :class:`Context`, :class:`Row`, :class:`Memory`, :func:`output_limits`, :func:`chunks`
 * :mod:`.sampler` - :class:`SamplingParams`, :class:`Sampler`
 * :mod:`.staging` - the staging (``llama-ext.h``) symbols, bound by exported name
+* :mod:`.json_schema` - :func:`json_schema_to_grammar` (JSON schema -> GBNF, llama-cpp-python's converter)
 * :mod:`.rpc` - llama.cpp's RPC backend (``ggml-rpc-server`` devices for model loading), bound by name
 
 Callers use the package as one namespace (``from llamaspec import _llama as llama; llama.Context(...)``). Chat
@@ -34,6 +35,7 @@ from .context import (
     default_threads,
     output_limits,
 )
+from .json_schema import json_schema_to_grammar
 from .log import LLAMA_CPP_PYTHON_VERSION, backend_init, system_info
 from .model import TOKEN_NULL, Model, Vocab, render_builtin_chat_template
 from .sampler import DEFAULT_SEED, Candidates, Sampler, SamplingParams
@@ -64,6 +66,7 @@ __all__ = [
     "backend_init",
     "chunks",
     "default_threads",
+    "json_schema_to_grammar",
     "model_target_layer_ids",
     "output_limits",
     "render_builtin_chat_template",

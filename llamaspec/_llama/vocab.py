@@ -9,7 +9,23 @@ from typing import Protocol, Sequence
 
 from llama_cpp import llama_cpp as native
 
-from ..errors import LlamaSpecError
+from ..errors import LlamaSpecError, UsageError
+
+
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate (what an unpaired ``\\ud800`` JSON escape decodes to) is a
+    :class:`UsageError` that says where, not a ``UnicodeEncodeError``.
+
+    >>> utf8("a\\ud800b")
+    Traceback (most recent call last):
+    ...
+    llamaspec.errors.UsageError: the text has a lone surrogate '\\ud800' at character 1, which UTF-8 cannot encode (an unpaired \\uD800-\\uDFFF escape in JSON?): send valid Unicode text
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UsageError(f"the text has a lone surrogate {text[e.start]!r} at character {e.start}, which UTF-8 "
+                         "cannot encode (an unpaired \\uD800-\\uDFFF escape in JSON?): send valid Unicode text") from None
 
 
 class ModelLike(Protocol):
@@ -89,7 +105,7 @@ class Vocab:
 
     def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ptr = self.ptr
-        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        data = utf8(text) if isinstance(text, str) else bytes(text)
         n_max = len(data) + 8
         buf = (native.llama_token * n_max)()
         n = native.llama_tokenize(ptr, data, len(data), buf, n_max, add_special, parse_special)

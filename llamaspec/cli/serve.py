@@ -51,6 +51,9 @@ _SERVER_OPTIONS = [
                  help="Seconds of silence before a keep-alive comment in a stream (0 = never)."),
     click.option("--cache-prompt/--no-cache-prompt", "cache_prompt", default=True, show_default=True,
                  help="Keep each slot's KV after a request and reuse the longest common prefix (llama-server's prompt cache)."),
+    click.option("--ui-mcp-proxy/--no-ui-mcp-proxy", "mcp_proxy", default=False, show_default=True,
+                 help="Enable /cors-proxy?url=..., llama-server's proxy for its web UI's MCP clients: it forwards "
+                      "only the X-Llama-Server-Proxy-Header-* headers. Do not enable it in untrusted environments."),
     click.option("--tools", default=None, hidden=True),
     click.option("--mcp-servers-config", default=None, hidden=True),
     click.option("--mcp-servers-json", default=None, hidden=True),
@@ -85,7 +88,8 @@ _ENGINE_OPTIONS = [
     click.option("-kvu", "--kv-unified/--no-kv-unified", "kv_unified", default=None,
                  help="One KV buffer shared by all slots (not available yet: each slot gets -c / -np tokens)."),
     click.option("--context-shift/--no-context-shift", "context_shift", default=False,
-                 help="Shift the context when it is full (not available yet: generation stops with finish_reason length)."),
+                 help="When a slot's context is full, drop the older half of its tokens (after the BOS) and go on, "
+                      "as llama-server (default: the request ends with finish_reason length)."),
 ]
 
 _SAMPLING_OPTIONS = [
@@ -127,7 +131,7 @@ def _options(f):
 def serve(ctx, model, pair, model_url, hf_repo, hf_file, hf_token, hf_repo_draft, offline, cache_dir, host, port,
           reuse_port, api_keys, api_key_file, api_prefix, ssl_key_file, ssl_cert_file, cors_origins, cors_methods,
           cors_headers, cors_credentials, alias, tags, metrics, props, slots, jinja, chat_template, chat_template_file,
-          sse_ping_interval, cache_prompt, tools, mcp_servers_config, mcp_servers_json, n_predict, ctx_size, batch_size,
+          sse_ping_interval, cache_prompt, mcp_proxy, tools, mcp_servers_config, mcp_servers_json, n_predict, ctx_size, batch_size,
           ubatch_size, n_parallel, flash_attn, cache_type_k, cache_type_v, kv_unified, context_shift, temp, top_k, top_p,
           min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, log_verbose, verbosity,
           log_file, log_disable, **spec_kw):
@@ -171,9 +175,6 @@ def serve(ctx, model, pair, model_url, hf_repo, hf_file, hf_token, hf_repo_draft
     if kv_unified:
         notes.append(f"--kv-unified is not available yet: the context (-c) is split evenly between the {n_parallel} "
                      "slots")
-    if context_shift:
-        notes.append("--context-shift is not available yet: a request that fills its slot's context stops with "
-                     "finish_reason \"length\"")
     for flag, v in (("--tools", tools), ("--mcp-servers-config", mcp_servers_config),
                     ("--mcp-servers-json", mcp_servers_json)):
         if v is not None:
@@ -199,7 +200,7 @@ def serve(ctx, model, pair, model_url, hf_repo, hf_file, hf_token, hf_repo_draft
     config = server_config(
         model=model_name, path=path, alias=alias, tags=tags, keys=keys, metrics=metrics, props=props, slots=slots,
         template=template, jinja=jinja, sse_ping_interval=sse_ping_interval, verbose=verbose, api_prefix=api_prefix,
-        limits=limits,
+        limits=limits, mcp_proxy=mcp_proxy,
         cors=(cors_origins, cors_methods, cors_headers, cors_credentials),
         defaults=dict(n_predict=-1 if n_predict == -2 else n_predict, temp=temp, top_k=top_k, top_p=top_p,
                       min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
@@ -211,7 +212,8 @@ def serve(ctx, model, pair, model_url, hf_repo, hf_file, hf_token, hf_repo_draft
 
     def load():
         return Engine(path, draft=dpath, spec=spec, verify=verify, n_ctx=n_ctx, n_batch=batch_size,
-                      n_ubatch=ubatch_size, n_parallel=n_parallel, flash_attn=fa, kv_f32=kv_f32, **extra, **device)
+                      n_ubatch=ubatch_size, n_parallel=n_parallel, flash_attn=fa, kv_f32=kv_f32,
+                      context_shift=context_shift, **extra, **device)
 
     def ready(state, url: str) -> None:
         eng = state.engine

@@ -217,7 +217,7 @@ FLAGS: tuple[Flag, ...] = (
     _F('--api-prefix', 'S', 'LLAMA_ARG_API_PREFIX', 'cli'),
     _F('--ui-config --webui-config', 'S', 'LLAMA_ARG_UI_CONFIG', R_UI),
     _F('--ui-config-file --webui-config-file', 'S', 'LLAMA_ARG_UI_CONFIG_FILE', R_UI),
-    _F('--ui-mcp-proxy --webui-mcp-proxy', 'B', 'LLAMA_ARG_UI_MCP_PROXY', R_UI, neg='--no-ui-mcp-proxy --no-webui-mcp-proxy'),
+    _F('--ui-mcp-proxy --webui-mcp-proxy', 'B', 'LLAMA_ARG_UI_MCP_PROXY', 'cli', neg='--no-ui-mcp-proxy --no-webui-mcp-proxy'),
     _F('--tools', 'S', 'LLAMA_ARG_TOOLS', 'cli'),
     _F('--tools-runtime', 'S', 'LLAMA_ARG_TOOLS_RUNTIME', R_TOOLS),
     _F('--mcp-servers-config', 'S', 'LLAMA_ARG_MCP_SERVERS_CONFIG', 'cli'),

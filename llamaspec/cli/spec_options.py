@@ -16,6 +16,13 @@ _OPTIONS = [
     click.option("--spec-ngram-lookup-n-max", type=int, default=None,
                  help="ngram-lookup / auto: the longest n-gram draft, 0..1024 (default 32; each round's length is "
                       "chosen from measured acceptance and cost)."),
+    click.option("--spec-pool-tokens", type=int, default=None,
+                 help="ngram-lookup / auto: tokens of finished requests kept in the shared pool every slot also "
+                      "drafts from (prompts and outputs of earlier and running requests; the oldest go first). "
+                      "0 = no pool. Default 262144 (~60 MB)."),
+    click.option("--spec-pool-shared", is_flag=True,
+                 help="ngram-lookup / auto: every API key drafts from every other's text in the pool (default: "
+                      "each key only from its own, so drafting leaks nothing through timing)."),
     click.option("--spec-default", is_flag=True, help="ngram-mod with n_match 24, n_min 48, n_max 64 (llama.cpp's default)."),
     click.option("--spec-draft-n-max", type=int, default=None, help="Max drafted tokens per round (draft models; default 12 with the adaptive length, else 3 as llama.cpp)."),
     click.option("--spec-draft-n-min", type=int, default=None, help="Min drafted tokens, shorter drafts are dropped (default 0)."),
@@ -58,7 +65,7 @@ def spec_options(f):
 def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max, spec_draft_n_min, spec_draft_p_min,
                       spec_synth_len, spec_synth_rates, verify, spec_draft_reuse_kv=None,
                       spec_replay_accept_corrected=False, spec_parity=False, spec_draft_adaptive=None, spec_ngram_lookup_n_max=None,
-                      spec_draft_vocab=None, **extra):
+                      spec_draft_vocab=None, spec_pool_tokens=None, spec_pool_shared=False, **extra):
     """SpecParams from the flags, validated with llama.cpp's rules and clear messages."""
     from llamaspec.errors import UsageError
     from llamaspec.params import ADAPTIVE_DRAFT_N_MAX, SpecParams
@@ -72,6 +79,11 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
         if not 0 <= spec_ngram_lookup_n_max <= 1024:
             raise UsageError(f"--spec-ngram-lookup-n-max must be between 0 and 1024, got {spec_ngram_lookup_n_max}")
         p.ngram_lookup.n_max = spec_ngram_lookup_n_max
+    if spec_pool_tokens is not None:
+        if spec_pool_tokens < 0:
+            raise UsageError(f"--spec-pool-tokens must be >= 0 (0 = no pool), got {spec_pool_tokens}")
+        p.ngram_lookup.pool_tokens = spec_pool_tokens
+    p.ngram_lookup.pool_shared = bool(spec_pool_shared)
     if spec_default:
         p.add_types("ngram-mod")
         p.ngram_mod.n_match, p.ngram_mod.n_min, p.ngram_mod.n_max = 24, 48, 64

@@ -60,7 +60,7 @@ def check_extra_kwargs(kwargs: dict[str, Any]) -> None:
                       stacklevel=3)
 
 
-def check_request_args(*, suffix: Any, typical_p: float, mirostat_mode: int, logprobs: Any,
+def check_request_args(*, suffix: Any, typical_p: float, mirostat_mode: int,
                        logits_processor: Iterable | None) -> None:
     """Refuse, with one clear line each, the completion arguments the speculative path cannot serve."""
     if suffix is not None:
@@ -70,9 +70,6 @@ def check_request_args(*, suffix: Any, typical_p: float, mirostat_mode: int, log
         raise CompatError(f"llamaspec.Llama does not support typical_p={typical_p} (only 1.0, the default)")
     if mirostat_mode:
         raise CompatError(f"llamaspec.Llama does not support mirostat_mode={mirostat_mode} (only 0, the default)")
-    if logprobs is not None and logprobs is not False:
-        raise CompatError("llamaspec.Llama does not return logprobs yet: call without logprobs (or use "
-                         "llama_cpp.Llama with logits_all=True)")
     if logits_processor:
         raise CompatError("llamaspec.Llama does not run logits_processor callbacks (the target's logits are verified "
                          "in batches natively); use grammar= or logit_bias= instead")

@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import _llama as llama
 from .._llama import compat as lcp
+from ..logprobs import ProbsSpec
 from ..slot import FinishReason
 from ..text import TextStream
 from .args import CompatError
@@ -73,10 +74,64 @@ def _stops(stop: "str | list[str] | None") -> list[str]:
     return [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]
 
 
+def check_logprobs(llm: Any, logprobs: Any, echo: bool) -> "int | None":
+    """``logprobs`` (None: off; N >= 0: the N most likely tokens with each token) checked: a clear
+    :class:`CompatError` for what the engine cannot give."""
+    if logprobs is None:
+        return None
+    if not isinstance(logprobs, (int, np.integer)):  # a bool counts as 0 / 1, as in llama-cpp-python
+        raise CompatError(f"logprobs must be None or an integer >= 0 (the alternatives per token), got {logprobs!r}")
+    n_vocab = llm._vocab.n_tokens
+    if not 0 <= int(logprobs) <= n_vocab:
+        raise CompatError(f"logprobs must be between 0 and the vocabulary size {n_vocab}, got {logprobs}")
+    if echo:
+        raise CompatError("llamaspec.Llama does not return logprobs of the prompt: call with echo=False (or use "
+                          "llama_cpp.Llama with logits_all=True)")
+    return int(logprobs)
+
+
+class _Logprobs:
+    """llama-cpp-python's ``logprobs`` object of a completion (``tokens``, ``text_offset``, ``token_logprobs``,
+    ``top_logprobs``), filled token by token; :meth:`take` hands out what was added since its last call."""
+
+    def __init__(self, llm: Any, prompt: "str | Sequence[int]"):
+        self.llm = llm
+        self.base = len(prompt)  # llama-cpp-python: offsets count from the prompt's length
+        self._done = b""  # the completion's bytes so far
+        self.all = self._empty()
+        self._new = self._empty()
+
+    @staticmethod
+    def _empty() -> dict:
+        return {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+
+    def _text(self, token: int) -> str:
+        return self.llm.detokenize([token]).decode("utf-8", errors="ignore")
+
+    def add(self, token: int, tp) -> None:
+        if token == self.llm._vocab.bos:  # llama-cpp-python leaves BOS out
+            return
+        s = self._text(token)
+        top = {self._text(t): lp for t, lp in tp.top}
+        top[s] = tp.logprob
+        offset = self.base + len(self._done.decode("utf-8", errors="ignore"))
+        self._done += self.llm.detokenize([token])
+        for d in (self.all, self._new):
+            d["tokens"].append(s)
+            d["text_offset"].append(offset)
+            d["token_logprobs"].append(tp.logprob)
+            d["top_logprobs"].append(dict(top))
+
+    def take(self) -> dict:
+        out, self._new = self._new, self._empty()
+        return out
+
+
 def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "int | None",
                       sampling: llama.SamplingParams, stop: "str | list[str] | None", stream: bool, echo: bool,
-                      model: "str | None", stopping_criteria=None) -> Iterator[dict]:
-    """The response of one completion: with ``stream`` each chunk, else the one ``text_completion``."""
+                      model: "str | None", stopping_criteria=None, logprobs: "int | None" = None) -> Iterator[dict]:
+    """The response of one completion: with ``stream`` each chunk, else the one ``text_completion``;
+    ``logprobs`` (checked by :func:`check_logprobs`): llama-cpp-python's ``logprobs`` object with it."""
     engine, vocab = llm._require_engine(), llm._vocab
     tokens = prompt_tokens(llm, prompt)
     n_ctx = llm.n_ctx()
@@ -89,15 +144,18 @@ def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "i
     cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
     name = model if model is not None else llm.model_path
 
-    def chunk(text: str, finish: "str | None", report: "dict | None" = None) -> dict:
+    lp = _Logprobs(llm, prompt) if logprobs is not None else None
+
+    def chunk(text: str, finish: "str | None", report: "dict | None" = None, probs: "dict | None" = None) -> dict:
         out = {"id": cid, "object": "text_completion", "created": created, "model": name,
-               "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+               "choices": [{"text": text, "index": 0, "logprobs": probs, "finish_reason": finish}]}
         if report is not None:
             out[REPORT_KEY] = report
         return out
 
     req = engine.submit(tokens, n_predict=max_tokens, sampling=sampling, stop=stops,
-                        cache_prompt=llm._take_cache_permission())
+                        cache_prompt=llm._take_cache_permission(),
+                        probs=ProbsSpec(logprobs) if logprobs is not None else None)
     text = TextStream(stops)
     completion: list[int] = []
     finish = "length"
@@ -106,15 +164,17 @@ def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "i
             yield chunk(prompt, None)
         done = False
         for ch in req.chunks():
-            for tok in ch.tokens:
+            for k, tok in enumerate(ch.tokens):
                 if stopping_criteria is not None and stopping_criteria(
                         np.asarray(tokens + completion, dtype=np.intc), np.zeros(0, dtype=np.single)):
                     finish, done = "stop", True
                     break
                 completion.append(tok)
+                if lp is not None and ch.probs is not None:
+                    lp.add(tok, ch.probs[k])
                 piece = text.feed(vocab.token_to_piece(tok))
                 if stream and piece:
-                    yield chunk(piece, None)
+                    yield chunk(piece, None, probs=lp.take() if lp is not None else None)
                 if text.stopped:
                     finish, done = "stop", True
                     break
@@ -134,13 +194,14 @@ def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "i
     llm._last_tokens = (list(tokens), list(completion))
     if stream:
         if tail:
-            yield chunk(tail, None)
-        yield chunk("", finish, report)
+            yield chunk(tail, None, probs=lp.take() if lp is not None else None)
+        rest = lp.take() if lp is not None else None  # tokens that made no text of their own
+        yield chunk("", finish, report, probs=rest if rest and rest["tokens"] else None)
         return
     body = text.text
     if echo:
         body = (prompt if isinstance(prompt, str) else vocab.detokenize(tokens)) + body
-    out = chunk(body, finish, report)
+    out = chunk(body, finish, report, probs=lp.all if lp is not None else None)
     out["usage"] = {"prompt_tokens": len(tokens), "completion_tokens": len(completion),
                     "total_tokens": len(tokens) + len(completion)}
     yield out

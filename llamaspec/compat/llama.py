@@ -18,8 +18,10 @@ knows is a ``TypeError``.
 
 Completions and chats sample at llama-cpp-python's defaults (temperature 0.8, top-p 0.95, top-k 40, min-p
 0.05; chats at 0.2) and return its dictionaries; chats go through llama-cpp-python's own chat handlers
-(:mod:`.chat`). Not served: ``logprobs``, ``logits_processor``, ``suffix``, mirostat, ``typical_p``,
-embeddings, multimodal chat handlers, ``save_state``/``load_state``.
+(:mod:`.chat`). ``logprobs`` (and the chats' ``logprobs`` / ``top_logprobs``) are the target model's, as
+llama-cpp-python reports them, without its ``logits_all=True`` (not of the prompt: no ``echo``). Not served:
+``logits_processor``, ``suffix``, mirostat, ``typical_p``, embeddings, multimodal chat handlers,
+``save_state``/``load_state``.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from .._llama import compat as lcp
 from ..params import SpecParams
 from .args import CompatError, CompatWarning, check_extra_kwargs, check_request_args
 from .chat import ChatHandlers
-from .completion import completion_chunks, sampling_params
+from .completion import check_logprobs, completion_chunks, sampling_params
 from .drafter import resolve_draft
 
 __all__ = ["Llama"]
@@ -263,14 +265,15 @@ class Llama:
                           model: "str | None" = None, stopping_criteria=None, logits_processor=None, grammar=None,
                           logit_bias: "dict | None" = None) -> "dict | Iterator[dict]":
         """``llama_cpp.Llama.create_completion``: the same arguments, defaults and return values."""
-        check_request_args(suffix=suffix, typical_p=typical_p, mirostat_mode=mirostat_mode, logprobs=logprobs,
+        check_request_args(suffix=suffix, typical_p=typical_p, mirostat_mode=mirostat_mode,
                            logits_processor=logits_processor)
         self._require_engine()
+        logprobs = check_logprobs(self, logprobs, echo)
         sp = sampling_params(self, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                              repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                              presence_penalty=presence_penalty, grammar=grammar, logit_bias=logit_bias, seed=seed)
         gen = completion_chunks(self, prompt, max_tokens=max_tokens, sampling=sp, stop=stop, stream=stream, echo=echo,
-                                model=model, stopping_criteria=stopping_criteria)
+                                model=model, stopping_criteria=stopping_criteria, logprobs=logprobs)
         return gen if stream else next(gen)
 
     def __call__(self, prompt: "str | list[int]", *args, **kwargs) -> "dict | Iterator[dict]":

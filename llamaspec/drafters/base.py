@@ -74,6 +74,10 @@ class Drafter:
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
         """Once per new generation, after the prompt was processed (``prompt`` = tokens in the target)."""
 
+    def set_owner(self, seq_id: int, owner: str) -> None:
+        """The tenant of ``seq_id``'s next request (before ``begin``): drafters that share what they saw across
+        requests (ngram-lookup's pool) draft only from the same owner's text unless told to share."""
+
     def process(self, rows: "Sequence[Row]") -> bool:
         """Called after every successful target decode with the same rows. False = fatal."""
         return True

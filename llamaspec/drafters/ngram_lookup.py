@@ -21,6 +21,9 @@ What it does, per slot:
    ``E(k) = 1 + p1 (1 + q + ... + q^(k-1))``: long drafts while a copy runs, short ones after a miss,
    none when a draft is not expected to pay (after ``explore_every`` skipped rounds it tries a short one,
    and waits twice as long after each try that fails, up to 8x).
+5. **Pool.** Every slot also looks the suffix up in the shared pool of every request's sequences (earlier and
+   running ones, one tenant's own unless shared; :mod:`llamaspec.drafters.ngram_pool`); a pool match longer
+   than the own one drafts what followed it there, its length from the slot's counts of pool drafts.
 
 >>> d = NgramLookup(1, NgramLookupParams(n_max=8, adaptive=False))
 >>> from llamaspec.drafters.base import DraftParams
@@ -42,6 +45,7 @@ import numpy as np
 from ..adaptive import CostModel, Explorer, default_verify_cost
 from ..params import NgramLookupParams
 from .base import DraftParams, Drafter
+from .ngram_pool import PoolDrafting, SharedPool
 
 __all__ = ["NgramLookup", "NgramLookupParams", "best_length", "best_length_table", "expected_len", "lookup_draft", "default_verify_cost"]
 
@@ -303,6 +307,12 @@ class NgramLookup(Drafter):
         self.skips: dict[str, int] = {"no-match": 0, "not-paying": 0}
         #: short drafts tried where none was expected to pay (to look again)
         self.n_explore = 0
+        #: the shared pool of every request's sequences (:mod:`llamaspec.drafters.ngram_pool`; None: off)
+        #: (a short match in everything the server saw is likelier chance than one in the request's own text:
+        #: its prior starts at half the own one until the pool's drafts have been measured)
+        self.pool = (PoolDrafting(n_seq, SharedPool(p.pool_tokens, p.pool_shared),
+                                  [x * (0.5 if m <= 5 else 1.0) for m, x in zip(BUCKETS, PRIOR_P1)], PRIOR_Q)
+                     if p.pool_tokens > 0 else None)
 
     def use_cost_model(self, cost_model: CostModel) -> None:
         """Take ``v(k)`` from an online cost model (``auto``'s :class:`~llamaspec.adaptive.CostModel`)."""
@@ -324,9 +334,17 @@ class NgramLookup(Drafter):
         st = _Slot(self.params.key_max, self.params.k_start, self.params.explore_every)
         st.build(prompt)
         self._slots[seq_id] = st
+        if self.pool is not None:
+            self.pool.begin(seq_id, st.toks)
+
+    def set_owner(self, seq_id: int, owner: str) -> None:
+        if self.pool is not None:
+            self.pool.set_owner(seq_id, owner)
 
     def reset(self, seq_id: int) -> None:
         self._slots[seq_id] = _Slot(self.params.key_max, self.params.k_start, self.params.explore_every)
+        if self.pool is not None:
+            self.pool.end(seq_id)
 
     def set_k_start(self, k: int) -> None:
         """Limit each slot's first drafts to ``k`` tokens (``NgramLookupParams.k_start``)."""
@@ -346,21 +364,31 @@ class NgramLookup(Drafter):
             st = self._slots[seq_id]
             st.last_bucket, st.last_k = -1, 0
             st.sync(dp.prompt)
+            if self.pool is not None:
+                self.pool.sync(seq_id, st.toks)
             k_cap = self.n_max if dp.n_max < 0 else min(self.n_max, dp.n_max)
             if st.k_lim > 0:
                 k_cap = min(k_cap, st.k_lim)
             if k_cap <= 0:
                 continue
             e, m = st.match(dp.id_last)
-            if e < 0:
+            hit = self.pool.match(seq_id, st.toks, dp.id_last, m) if self.pool is not None else None
+            if e < 0 and hit is None:
                 self.skips["no-match"] += 1
                 continue
             b = _bucket(m)
             if p.adaptive:
                 if priors is None:
                     priors = self._priors()
-                p1, q = st.rates(b, priors[0], priors[1], p.prior_weight)
-                k = best_length_table(p1, q, self._cost_table(), k_cap, floor=self.gain_floor(seq_id))
+                k = 0
+                if hit is not None:  # the pool matches longer: its own counts decide
+                    bp = _bucket(hit[2])
+                    p1, q = self.pool.rates(seq_id, bp, p.prior_weight)
+                    k = best_length_table(p1, q, self._cost_table(), k_cap, floor=self.gain_floor(seq_id))
+                    hit, b = (hit, bp) if k > 0 or e < 0 else (None, b)
+                if hit is None:
+                    p1, q = st.rates(b, priors[0], priors[1], p.prior_weight)
+                    k = best_length_table(p1, q, self._cost_table(), k_cap, floor=self.gain_floor(seq_id))
                 if k == 0:
                     if not st.explorer.idle():
                         self.skips["not-paying"] += 1
@@ -369,25 +397,30 @@ class NgramLookup(Drafter):
                     self.n_explore += 1
                 st.explorer.drafted()
             else:
-                k = k_cap
+                k, b = k_cap, (_bucket(hit[2]) if hit is not None else b)
             if dp.n_min is not None and k < dp.n_min:
                 continue
-            dp.result.extend(st.copy(e, dp.id_last, k))
+            dp.result.extend(self.pool.copy(seq_id, hit, k) if hit is not None else st.copy(e, dp.id_last, k))
             st.last_bucket, st.last_k = b, len(dp.result)
 
     def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
-        st = self._slots[seq_id]
+        st, p = self._slots[seq_id], self.params
         b, k = st.last_bucket, st.last_k
         st.last_bucket, st.last_k = -1, 0
+        # a pool draft is counted apart from the slot's own copies
+        from_pool = not is_other and self.pool is not None and self.pool.accept(seq_id, b, k, n_accepted, p.decay)
         if is_other or b < 0 or k <= 0:
             return
-        st.update(b, k, n_accepted, self.params.decay)
+        if not from_pool:
+            st.update(b, k, n_accepted, self.params.decay)
         if st.k_lim > 0:
             if n_accepted >= k and k >= st.k_lim:
                 st.k_lim = min(2 * st.k_lim, max(self.n_max, 1))
             elif 2 * n_accepted < k:
                 st.k_lim = max(self.params.k_start, st.k_lim // 2)
         st.explorer.result(n_accepted)
+        if from_pool:
+            return
         g = 0.98  # the drafter-wide prior follows every slot slowly
         gp = self._g_p1[b]
         gp[0], gp[1] = gp[0] * g + (1.0 if n_accepted > 0 else 0.0), gp[1] * g + 1.0

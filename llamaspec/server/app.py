@@ -5,6 +5,7 @@
 ``GET /v1/models``, ``/models``            public (as in llama-server); the model and its metadata
 ``POST /v1/completions``                   OpenAI completions, stream and non-stream
 ``POST /v1/chat/completions``              OpenAI chat (the GGUF's template, ``--chat-template``)
+``POST /v1/responses``, ``/responses``     OpenAI Responses API over the chat path, stream and non-stream
 ``POST /completion``, ``/completions``     llama.cpp's native completion (no ``[DONE]`` in streams)
 ``POST /tokenize``, ``/detokenize``        llama-server's bodies
 ``POST /apply-template``                   the chat prompt as text, not generated
@@ -12,6 +13,7 @@
 ``GET /slots``                             per-slot state (``--no-slots``: 501)
 ``GET /props``                             server settings (``POST``: 501 without ``--props``)
 ``GET /metrics``                           Prometheus (``--metrics``, else 501)
+``GET``, ``POST /cors-proxy?url=``         the web UI's MCP proxy (``--ui-mcp-proxy``, else 403)
 =========================================  ==============================================================
 
 Every error is ``{"error": {"code", "message", "type"}}`` with llama-server's code; a bad request is a 400
@@ -30,6 +32,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from .cors_proxy import cors_proxy
 from .errors import ApiError
 from .middleware import EXCEPTION_HANDLERS, HEALTH, PUBLIC, CorsMiddleware, GuardMiddleware, PrefixMiddleware
 from .routes import (
@@ -43,6 +46,7 @@ from .routes import (
     metrics,
     models,
     props,
+    responses,
     slots,
     submit,
     tokenize,
@@ -84,6 +88,8 @@ def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = No
         Route("/v1/completions", completions_oai, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
         Route("/completion", completion_native, methods=["POST"]),
         Route("/completions", completion_native, methods=["POST"]),
         Route("/apply-template", apply_template, methods=["POST"]),
@@ -94,6 +100,7 @@ def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = No
         Route("/slots", slots, methods=["GET"]),
         Route("/props", props, methods=["GET", "POST"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/cors-proxy", cors_proxy, methods=["GET", "POST"]),
     ]
     app = Starlette(
         routes=routes,

@@ -72,6 +72,9 @@ def chat_prompt(state: "ServerState", data: dict, messages: list[dict[str, str]]
     if not cont:
         return render(state, messages, add_gen)
     last = messages[-1]["content"] if messages else ""
+    if messages and messages[-1]["role"] == "assistant" and _jinja_mode(state):
+        # llama-server: the turns before it, the assistant's opening, then its text
+        return render(state, messages[:-1], True) + _prefill_text(data, last)
     if messages and messages[-1]["role"] == "assistant" and last:
         text = render(state, messages, False)
         at = text.rfind(last)
@@ -79,3 +82,19 @@ def chat_prompt(state: "ServerState", data: dict, messages: list[dict[str, str]]
             return text[:at + len(last)]
         return render(state, messages[:-1], True) + last
     return render(state, messages, False)
+
+
+def _jinja_mode(state: "ServerState") -> bool:
+    """The server renders its template with Jinja (``--jinja`` and a Jinja template)."""
+    tmpl = state.chat_template
+    return bool(state.config.jinja and tmpl is not None and _is_jinja(tmpl))
+
+
+def _prefill_text(data: dict, parsed: str) -> str:
+    """The text of a final assistant message that the model continues: its text parts joined with a blank
+    line (llama-server's ``render_content``), its string content as it is."""
+    raw = data.get("messages")
+    content = raw[-1].get("content") if isinstance(raw, list) and raw and isinstance(raw[-1], dict) else None
+    if not isinstance(content, list):
+        return parsed
+    return "\n\n".join(p if isinstance(p, str) else p["text"] for p in content)

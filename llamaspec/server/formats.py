@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 import uuid
 
-from ..slot import FinishReason, GenerationStats
+from ..slot import FinishReason, GenerationStats, PromptProgress
 
-__all__ = ["timings", "usage", "finish_reason", "new_id", "now"]
+__all__ = ["timings", "usage", "finish_reason", "new_id", "now", "progress_fields"]
 
 
 def now() -> int:
@@ -84,6 +84,23 @@ def usage(stats: list[GenerationStats]) -> dict:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(_n_cached(s) for s in stats)},
     }
+
+
+def progress_fields(p: "PromptProgress", *, with_timings: bool, speculative: bool = False) -> dict:
+    """What a prompt-progress event adds to a route's stream chunk: llama-server's ``prompt_progress``
+    (``total``, ``cache``, ``processed``, ``time_ms``) and, with ``timings_per_token``, the prompt's
+    ``timings`` so far (nothing generated yet).
+
+    >>> from llamaspec.slot import PromptProgress
+    >>> progress_fields(PromptProgress(40, 8, 8, 0.0), with_timings=False)
+    {'prompt_progress': {'total': 40, 'cache': 8, 'processed': 8, 'time_ms': 0}}
+    """
+    out: dict = {"prompt_progress": {"total": p.total, "cache": p.cache, "processed": p.processed,
+                                     "time_ms": int(p.time_ms)}}
+    if with_timings:
+        st = GenerationStats(n_prompt=p.processed, n_cached=p.cache, t_prompt_s=p.time_ms / 1e3)
+        out["timings"] = timings(st, speculative=speculative)
+    return out
 
 
 def finish_reason(reason: FinishReason | None) -> str:

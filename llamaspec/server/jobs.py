@@ -292,6 +292,10 @@ class Renderer:
     def stream_tail(self, reqs: "list[Request]") -> Iterable[dict]:
         return ()
 
+    def encode(self, obj: Any) -> bytes:
+        """One stream event as it goes on the wire (``data: {json}``; a route may add an ``event:`` line)."""
+        return sse(obj)
+
     def whole(self, reqs: "list[Request]") -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -389,7 +393,7 @@ class GenerationResponse:
                 i, ch = event
                 req = group.reqs[i]
                 if ch is not None:
-                    out = b"".join(sse(o) for o in rnd.stream_chunk(i, req, ch))
+                    out = b"".join(rnd.encode(o) for o in rnd.stream_chunk(i, req, ch))
                     if out:
                         await body(out)
                 else:
@@ -398,11 +402,11 @@ class GenerationResponse:
                         group.cancel()
                         await body(sse({"error": err.error_object()}))
                         break
-                    out = b"".join(sse(o) for o in rnd.stream_finish(i, req))
+                    out = b"".join(rnd.encode(o) for o in rnd.stream_finish(i, req))
                     if out:
                         await body(out)
             if group.all_done:
-                tail = b"".join(sse(o) for o in rnd.stream_tail(group.reqs))
+                tail = b"".join(rnd.encode(o) for o in rnd.stream_tail(group.reqs))
                 if rnd.openai:
                     tail += b"data: [DONE]\n\n"
                 if tail:

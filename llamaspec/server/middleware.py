@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse
 from ..errors import LlamaSpecError
 from .errors import ApiError, api_error, invalid_api_key, unavailable
 from .state import ServerState
+from .tenant import TENANT, tenant_of
 
 __all__ = ["HEALTH", "PUBLIC", "GuardMiddleware", "CorsMiddleware", "PrefixMiddleware", "EXCEPTION_HANDLERS"]
 
@@ -32,25 +33,35 @@ class GuardMiddleware:
         self.state = state
         self.keys = [k.encode("utf-8") for k in state.config.api_keys]
 
-    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+    def _authorized(self, headers: dict[bytes, bytes]) -> bytes | None:
+        """The configured key the request gave (None: none of them)."""
         given = []
         auth = headers.get(b"authorization", b"")
         if auth[:7].lower() == b"bearer ":
             given.append(auth[7:].strip())
         if b"x-api-key" in headers:
             given.append(headers[b"x-api-key"].strip())
-        return any(hmac.compare_digest(g, k) for g in given for k in self.keys)
+        return next((k for g in given for k in self.keys if hmac.compare_digest(g, k)), None)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope.get("method") != "OPTIONS":
             path = scope.get("path", "")
-            err = None
+            err, key = None, None
             if path not in HEALTH and not self.state.ready:
                 err = unavailable("Loading model")
-            elif self.keys and path not in PUBLIC and not self._authorized(dict(scope.get("headers") or [])):
-                err = invalid_api_key()
+            elif self.keys and path not in PUBLIC:
+                key = self._authorized(dict(scope.get("headers") or []))
+                if key is None:
+                    err = invalid_api_key()
             if err is not None:
                 await JSONResponse(err.to_dict(), status_code=err.code)(scope, receive, send)
+                return
+            if key is not None:  # the shared n-gram pool keeps each key's text to itself (server/tenant.py)
+                token = TENANT.set(tenant_of(key))
+                try:
+                    await self.app(scope, receive, send)
+                finally:
+                    TENANT.reset(token)
                 return
         await self.app(scope, receive, send)
 

@@ -28,21 +28,14 @@ from typing import Any, Callable, Sequence
 
 from .. import _llama as llama
 from ..params import RequestSpec
+from .constraints import JSON_GRAMMAR, parse_grammar, parse_logit_bias
 from .errors import exceed_context, invalid
 from .limits import Limits, check_chars, check_generations, over, parse_json
+from .probs import parse_probs
 
 __all__ = ["Body", "Defaults", "GenParams", "parse_json", "parse_gen_params", "parse_prompts", "parse_messages",
            "parse_speculative", "JSON_GRAMMAR"]
 
-#: llama.cpp's ``grammars/json.gbnf`` (MIT): ``response_format: {"type": "json_object"}``
-JSON_GRAMMAR = r'''root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
-array  ::= "[" ws ( value ("," ws value)* )? "]" ws
-string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
-number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
-ws ::= | " " | "\n" [ \t]{0,20}
-'''
 
 MAX_N_CMPL = 16
 #: an integer field is a C ``int32_t`` unless it says otherwise (ctypes would wrap a larger value silently)
@@ -164,8 +157,11 @@ class GenParams:
     include_usage: bool = False
     timings_per_token: bool = False
     return_tokens: bool = False
+    #: a stream reports the prompt's progress (llama-server's ``prompt_progress`` chunks)
+    return_progress: bool = False
     n_cmpl: int = 1
     extra: dict = field(default_factory=dict)
+    probs: Any = None  # the token probabilities asked for: a llamaspec.logprobs.ProbsSpec (server.probs)
 
 
 def parse_speculative(b: Body) -> RequestSpec | None:
@@ -221,61 +217,9 @@ def _repeat_last_n(b: Body, defaults: Defaults, n_ctx: int | None) -> int:
     return hi if n == -1 and n_ctx is not None else n
 
 
-def _grammar(b: Body) -> str | None:
-    grammar = b.str("grammar")
-    schema_key, schema = b.get("json_schema")
-    rf = b.obj("response_format")
-    if rf is not None:
-        t = rf.get("type")
-        if t in (None, "text"):
-            pass
-        elif t == "json_object" and rf.get("schema") is None:
-            grammar = grammar or JSON_GRAMMAR
-        elif t in ("json_object", "json_schema"):
-            schema_key, schema = "response_format", rf.get("json_schema") or rf.get("schema") or {}
-        else:
-            raise invalid(f"Field 'response_format': unknown type {_show(t)} (valid: text, json_object, json_schema)")
-    if schema is not None:
-        raise invalid(f"Field '{schema_key}': JSON schemas are not supported by llamaspec serve; use "
-                      "response_format {\"type\": \"json_object\"} or a GBNF 'grammar'")
-    return grammar
-
-
-def _logit_bias(b: Body) -> tuple[tuple[int, float], ...]:
-    """``logit_bias`` as OpenAI sends it (``{"token id": bias}``) or as llama-server also takes it
-    (``[[token id, bias], ...]``); a bias of ``false`` means never this token (``-inf``). Token ids must be
-    in the vocabulary (checked when the sampler is built)."""
-    key, v = b.get("logit_bias")
-    if v is None:
-        return ()
-    if isinstance(v, dict):
-        items = list(v.items())
-    elif isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v):
-        items = [(x[0], x[1]) for x in v]
-    else:
-        raise invalid(f"Field '{key}': expected an object {{\"token id\": bias}} or a list of [token id, bias] pairs, got {_show(v)}")
-    out = []
-    for tok, bias in items:
-        t = tok
-        if isinstance(t, str) and t.strip().lstrip("-").isdigit():
-            t = int(t)
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= I32_MAX:
-            raise invalid(f"Field '{key}': keys must be token ids (integers >= 0; use /tokenize for text), got {_show(tok)}")
-        if bias is False:
-            bias = float("-inf")
-        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias or bias == float("inf"):
-            raise invalid(f"Field '{key}': the bias of token {t} must be a number (or false: never), got {_show(bias)}")
-        out.append((t, float(bias)))
-    return tuple(out)
-
-
 def _unsupported(b: Body) -> None:
     """Known llama-server / OpenAI fields that would change the output and that llamaspec does not do:
     refused, so that nobody gets a silently different answer. Their neutral values are accepted."""
-    for name in ("logprobs", "n_probs", "top_logprobs"):
-        v = b.data.get(name)
-        if v not in (None, False, 0):
-            raise invalid(f"Field '{name}': token probabilities are not supported by llamaspec serve")
     tools = b.data.get("tools")
     if tools not in (None, []):
         raise invalid("Field 'tools': tool calls are not supported by llamaspec serve")
@@ -284,9 +228,10 @@ def _unsupported(b: Body) -> None:
 
 
 def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
-                     limits: Limits | None = None) -> GenParams:
+                     limits: Limits | None = None, tokenize: Callable[[str], list] | None = None) -> GenParams:
     """Sampling, length, stop, streaming and slot fields of a completion or chat request (``n_ctx``: the
-    slot's context, the bound of ``repeat_last_n``)."""
+    slot's context, the bound of ``repeat_last_n``; ``tokenize``: text -> token ids without BOS, for the
+    text keys of ``logit_bias``)."""
     limits = limits or Limits()
     _unsupported(b)
     n_predict = b.int("n_predict", defaults.n_predict, aliases=("max_completion_tokens", "max_tokens"), lo=-1)
@@ -303,8 +248,8 @@ def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
         presence_penalty=b.float("presence_penalty", defaults.presence_penalty),
         frequency_penalty=b.float("frequency_penalty", defaults.frequency_penalty),
         seed=llama.DEFAULT_SEED if seed == -1 else seed,
-        grammar=_grammar(b),
-        logit_bias=_logit_bias(b),
+        grammar=parse_grammar(b),
+        logit_bias=parse_logit_bias(b, tokenize),
         ignore_eos=b.bool("ignore_eos", False),
     )
     if sampling.repeat_penalty == 0.0:
@@ -324,7 +269,9 @@ def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
         include_usage=bool(include_usage),
         timings_per_token=b.bool("timings_per_token", False),
         return_tokens=b.bool("return_tokens", False),
+        return_progress=b.bool("return_progress", False),
         n_cmpl=b.int("n", 1, aliases=("n_cmpl",), lo=1, hi=MAX_N_CMPL),
+        probs=parse_probs(b),
     )
 
 
@@ -338,18 +285,32 @@ def _is_token(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+PROMPT_KINDS = ("a prompt is a string, a list of token ids, a list of both, or an object "
+                "{\"prompt_string\": ...}")
+
+
 def _one_prompt(p: Any, where: str) -> tuple[list, int]:
-    """Check one prompt: a string, a list of token ids, or a mixed list of strings and ids; ``(its parts,
-    its characters)``."""
+    """Check one prompt: a string, a list of token ids, a mixed list of strings and ids, or llama-server's
+    JSON object ``{"prompt_string": one of those}`` (``multimodal_data`` is refused: llamaspec is text-only);
+    ``(its parts, its characters)``."""
+    if isinstance(p, dict):
+        if p.get("multimodal_data") is not None:
+            raise invalid(f"Field '{where}.multimodal_data': multimodal data was given, but this server is "
+                          "text-only (no multimodal projector): send the prompt text alone")
+        if "prompt_string" not in p:
+            raise invalid(f"Field '{where}': a JSON prompt object needs \"prompt_string\" ({PROMPT_KINDS})")
+        inner = p["prompt_string"]
+        if isinstance(inner, dict):
+            raise invalid(f"Field '{where}.prompt_string': expected a string or a list of strings and token ids")
+        return _one_prompt(inner, f"{where}.prompt_string")
     if isinstance(p, str):
         return [p], len(p)
     if isinstance(p, list):
         for x in p:
             if not (_is_token(x) or isinstance(x, str)):
-                raise invalid(f"Field '{where}': a prompt is a string, a list of token ids, or a list of both; "
-                              f"got {_show(x)} in it")
+                raise invalid(f"Field '{where}': {PROMPT_KINDS}; got {_show(x)} in it")
         return p, sum(len(x) for x in p if isinstance(x, str))
-    raise invalid(f"Field '{where}': a prompt is a string, a list of token ids, or a list of both; got {_show(p)}")
+    raise invalid(f"Field '{where}': {PROMPT_KINDS}; got {_show(p)}")
 
 
 def _tokens(parts: list, tokenize: Tokenize) -> list[int]:
@@ -365,21 +326,21 @@ def _tokens(parts: list, tokenize: Tokenize) -> list[int]:
 
 def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt", limits: Limits | None = None, n_cmpl: int = 1,
                   n_ctx: int | None = None) -> list[list[int]]:
-    """The prompt(s) of a completion request as token lists. One prompt: a string, a list of ids, or a
-    mixed list; several prompts: a list of those (each becomes a choice). The limits (prompts x ``n_cmpl``,
+    """The prompt(s) of a completion request as token lists. One prompt: a string, a list of ids, a mixed
+    list, or an object ``{"prompt_string": ...}``; several prompts: a list of those (each becomes a choice). The limits (prompts x ``n_cmpl``,
     characters; token lists against ``n_ctx``) are checked before anything is tokenised."""
     limits = limits or Limits()
     k, v = b.get(key)
     if v is None:
         raise invalid(f"\"{key}\" must be provided")
-    if isinstance(v, str) or (isinstance(v, list) and any(_is_token(x) for x in v)):
-        checked = [_one_prompt(v, k)]  # one prompt: a string; ids, or ids and strings
+    if isinstance(v, (str, dict)) or (isinstance(v, list) and any(_is_token(x) for x in v)):
+        checked = [_one_prompt(v, k)]  # one prompt: a string, an object; ids, or ids and strings
     elif isinstance(v, list):
         if not v:
             raise invalid(f"Field '{k}': the prompt list is empty")
         checked = [_one_prompt(p, f"{k}[{i}]") for i, p in enumerate(v)]
     else:
-        raise invalid(f"Field '{k}': expected a string or a list, got {_show(v)}")
+        raise invalid(f"Field '{k}': expected a string, a list or an object {{\"prompt_string\": ...}}, got {_show(v)}")
     check_generations(len(checked), n_cmpl, limits)
     check_chars(k, sum(n for _, n in checked), limits)
     if n_ctx is not None:

@@ -8,6 +8,7 @@ from .. import __version__
 from . import formats
 from .jobs import Renderer
 from .parsing import Defaults, GenParams
+from .probs import ProbsRender
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
@@ -25,11 +26,34 @@ def _slot_id(req: "Request") -> int:
     return req.slot.id if req.slot is not None else -1
 
 
+def _progress(state: "ServerState", gen: GenParams, ch) -> dict:
+    """``prompt_progress`` (and ``timings`` with ``timings_per_token``) of a progress chunk."""
+    eng = state.engine
+    return formats.progress_fields(ch.progress, with_timings=gen.timings_per_token,
+                                   speculative=eng is not None and getattr(eng, "chain", None) is not None)
+
+
+def _probs_render(state: "ServerState", gen: GenParams) -> ProbsRender | None:
+    """The token-probability renderer of a request that asked for them (None: it did not)."""
+    probs = getattr(gen, "probs", None)
+    eng = state.engine
+    return ProbsRender(eng.vocab, probs.post_sampling) if probs is not None and eng is not None else None
+
+
+def _events(pr: ProbsRender | None, i: int, ch):
+    """``(text, entries, tokens)`` per stream event of one chunk: the chunk itself without probabilities,
+    one per token that made text final with them (:meth:`ProbsRender.events`)."""
+    if pr is None:
+        return [(ch.text, None, ch.tokens)] if ch.text or ch.tokens else []
+    return pr.events(i, ch)
+
+
 class _OpenAIBase(Renderer):
     object_chunk = ""
 
     def __init__(self, state: ServerState, gen: GenParams, model: str, prefix: str, *, verbose: bool = False):
         self.state, self.gen, self.model = state, gen, model
+        self.probs = _probs_render(state, gen)
         self.id = formats.new_id(prefix)
         self.created = formats.now()
         #: the request's ``verbose`` (default: the server's ``--verbose``): llama-server's ``__verbose`` object,
@@ -50,13 +74,19 @@ class CompletionRenderer(_OpenAIBase):
     """``/v1/completions``: ``text_completion`` objects."""
 
     def stream_chunk(self, i, req, ch):
-        if not ch.text:
+        if getattr(ch, "progress", None) is not None:
+            yield {"choices": [{"text": "", "index": i, "logprobs": None, "finish_reason": None}],
+                   **self.head("text_completion"), **_progress(self.state, self.gen, ch)}
             return
-        d = {"choices": [{"text": ch.text, "index": i, "logprobs": None, "finish_reason": None}],
-             **self.head("text_completion")}
-        if self.gen.timings_per_token:
-            d["timings"] = _timings(self.state, req.stats)
-        yield d
+        for text, entries, _ in _events(self.probs, i, ch):
+            if not text and not entries:
+                continue
+            lp = self.probs.completion_logprobs(entries, i) if entries is not None else None
+            d = {"choices": [{"text": text, "index": i, "logprobs": lp, "finish_reason": None}],
+                 **self.head("text_completion")}
+            if self.gen.timings_per_token:
+                d["timings"] = _timings(self.state, req.stats)
+            yield d
 
     def stream_finish(self, i, req):
         yield self.with_verbose({"choices": [{"text": "", "index": i, "logprobs": None,
@@ -73,7 +103,8 @@ class CompletionRenderer(_OpenAIBase):
     def whole(self, reqs):
         stats = [r.stats for r in reqs]
         return self.with_verbose({
-            "choices": [{"text": r.text, "index": i, "logprobs": None, "finish_reason": formats.finish_reason(r.finish_reason)}
+            "choices": [{"text": r.text, "index": i, "finish_reason": formats.finish_reason(r.finish_reason),
+                         "logprobs": self.probs.completion_logprobs(r.token_probs, i) if self.probs else None}
                         for i, r in enumerate(reqs)],
             **self.head("text_completion"), "usage": formats.usage(stats),
             "timings": _timings(self.state, formats.merged(stats))}, reqs[0])
@@ -93,10 +124,18 @@ class ChatRenderer(_OpenAIBase):
                    **self.head("chat.completion.chunk")}
 
     def stream_chunk(self, i, req, ch):
+        if getattr(ch, "progress", None) is not None:  # llama-server: a role delta with the progress
+            yield {"choices": [{"finish_reason": None, "index": i, "delta": {"role": "assistant", "content": None}}],
+                   **self.head("chat.completion.chunk"), **_progress(self.state, self.gen, ch)}
+            return
         yield from self._role(i)
-        if ch.text:
-            d = {"choices": [{"finish_reason": None, "index": i, "delta": {"content": ch.text}}],
+        for text, entries, _ in _events(self.probs, i, ch):
+            if not text and not entries:
+                continue
+            d = {"choices": [{"finish_reason": None, "index": i, "delta": {"content": text}}],
                  **self.head("chat.completion.chunk")}
+            if entries is not None:
+                d["choices"][0]["logprobs"] = {"content": self.probs.content(entries)}
             if self.gen.timings_per_token:
                 d["timings"] = _timings(self.state, req.stats)
             yield d
@@ -116,10 +155,17 @@ class ChatRenderer(_OpenAIBase):
     def whole(self, reqs):
         stats = [r.stats for r in reqs]
         return self.with_verbose({
-            "choices": [{"finish_reason": formats.finish_reason(r.finish_reason), "index": i,
-                         "message": {"role": "assistant", "content": r.text}} for i, r in enumerate(reqs)],
+            "choices": [self._choice(i, r) for i, r in enumerate(reqs)],
             **self.head("chat.completion"), "usage": formats.usage(stats),
             "timings": _timings(self.state, formats.merged(stats))}, reqs[0])
+
+
+    def _choice(self, i: int, r) -> dict:
+        c = {"finish_reason": formats.finish_reason(r.finish_reason), "index": i,
+             "message": {"role": "assistant", "content": r.text}}
+        if self.probs is not None:
+            c["logprobs"] = {"content": self.probs.content(r.token_probs)}
+        return c
 
 
 class NativeRenderer(Renderer):
@@ -129,21 +175,30 @@ class NativeRenderer(Renderer):
 
     def __init__(self, state: ServerState, gen: GenParams, model: str):
         self.state, self.gen, self.model = state, gen, model
+        self.probs = _probs_render(state, gen)
 
     def stream_chunk(self, i, req, ch):
-        if not ch.text and not (self.gen.return_tokens and ch.tokens):
+        if getattr(ch, "progress", None) is not None:
+            yield {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": _slot_id(req),
+                   "tokens_predicted": 0, "tokens_evaluated": len(req.prompt_tokens),
+                   **_progress(self.state, self.gen, ch)}
             return
-        d = {"index": i, "content": ch.text, "tokens": list(ch.tokens) if self.gen.return_tokens else [],
-             "stop": False, "id_slot": _slot_id(req), "tokens_predicted": len(req.tokens),
-             "tokens_evaluated": len(req.prompt_tokens)}
-        if self.gen.timings_per_token:
-            d["timings"] = _timings(self.state, req.stats)
-        yield d
+        for text, entries, tokens in _events(self.probs, i, ch):
+            if not text and not entries and not (self.gen.return_tokens and tokens):
+                continue
+            d = {"index": i, "content": text, "tokens": list(tokens) if self.gen.return_tokens else [],
+                 "stop": False, "id_slot": _slot_id(req), "tokens_predicted": len(req.tokens),
+                 "tokens_evaluated": len(req.prompt_tokens)}
+            if entries:
+                d["completion_probabilities"] = self.probs.content(entries)
+            if self.gen.timings_per_token:
+                d["timings"] = _timings(self.state, req.stats)
+            yield d
 
     def final(self, i, req, *, stream: bool) -> dict:
         eng = self.state.engine
         st = req.stats
-        return {
+        d = {
             "index": i, "content": "" if stream else req.text,
             "tokens": list(req.tokens) if self.gen.return_tokens and not stream else [],
             "id_slot": _slot_id(req), "stop": True, "model": self.model,
@@ -154,6 +209,9 @@ class NativeRenderer(Renderer):
             "stop_type": req.stop_type or "none", "stopping_word": req.stopping_word, "tokens_cached": len(req.prompt_tokens) + len(req.tokens),
             "timings": _timings(self.state, st),
         }
+        if self.probs is not None and not stream:
+            d["completion_probabilities"] = self.probs.content(req.token_probs)
+        return d
 
     def stream_finish(self, i, req):
         yield self.final(i, req, stream=True)
@@ -181,6 +239,8 @@ def generation_settings(eng: "Engine", gen: GenParams | None, defaults: Defaults
              "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
              "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty, "seed": s.seed,
              "stop": list(gen.stop), "grammar": s.grammar or "", "stream": gen.stream,
+             "n_probs": gen.probs.n_probs if getattr(gen, "probs", None) else 0,
+             "post_sampling_probs": bool(getattr(gen, "probs", None) and gen.probs.post_sampling),
              "cache_prompt": gen.cache_prompt, "id_slot": gen.id_slot, "ignore_eos": s.ignore_eos,
              "logit_bias": _logit_bias_json(eng, s)}
         rs = gen.speculative
@@ -189,7 +249,8 @@ def generation_settings(eng: "Engine", gen: GenParams | None, defaults: Defaults
              "top_p": defaults.top_p, "min_p": defaults.min_p, "repeat_penalty": defaults.repeat_penalty,
              "repeat_last_n": defaults.repeat_last_n, "presence_penalty": defaults.presence_penalty,
              "frequency_penalty": defaults.frequency_penalty, "seed": defaults.seed, "stop": [], "grammar": "",
-             "stream": False, "cache_prompt": True, "id_slot": -1, "ignore_eos": False, "logit_bias": []}
+             "stream": False, "cache_prompt": True, "id_slot": -1, "ignore_eos": False, "logit_bias": [],
+             "n_probs": 0, "post_sampling_probs": False}
         rs = None
     n_max = eng.chain.n_max if eng.chain is not None else 0
     d.update({

@@ -17,14 +17,16 @@ from .limits import check_chars, check_generations, read_body
 from .metrics import render as render_metrics
 from .parsing import Body, GenParams, parse_gen_params, parse_json, parse_messages, parse_prompts
 from .render import SYSTEM_FINGERPRINT, ChatRenderer, CompletionRenderer, NativeRenderer, generation_settings
+from .responses import ResponsesRenderer, to_chat
 from .state import ServerState
+from .tenant import current_tenant
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
     from ..request import Request
 
 __all__ = ["submit", "completions_oai", "completion_native", "chat_completions", "health", "models", "tokenize",
-           "detokenize", "slots", "props", "metrics", "apply_template", "chat_input_tokens"]
+           "detokenize", "slots", "props", "metrics", "apply_template", "chat_input_tokens", "responses"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -39,7 +41,8 @@ def _tokenizer(eng: "Engine"):
 
 def _submit_kwargs(eng: "Engine", gen: GenParams) -> dict:
     return {"n_predict": gen.n_predict, "sampling": gen.sampling, "stop": gen.stop, "speculative": gen.speculative,
-            "id_slot": gen.id_slot, "cache_prompt": gen.cache_prompt}
+            "id_slot": gen.id_slot, "cache_prompt": gen.cache_prompt, "probs": gen.probs,
+            **({"progress": True} if gen.return_progress and gen.stream else {})}
 
 
 def submit(state: ServerState, prompts: list[list[int]], gen: GenParams) -> JobGroup:
@@ -58,7 +61,7 @@ def submit(state: ServerState, prompts: list[list[int]], gen: GenParams) -> JobG
         if len(toks) >= n_ctx:
             raise exceed_context(len(toks), n_ctx)
     reqs: list["Request"] = []
-    kw = _submit_kwargs(eng, gen)
+    kw = {**_submit_kwargs(eng, gen), "owner": current_tenant()}  # the API key's tenant (server/tenant.py)
     state.admission.reserve(len(prompts) * gen.n_cmpl)  # 503 + Retry-After when the server is full
     try:
         for toks in prompts:
@@ -96,7 +99,8 @@ async def _generation(state: ServerState, b: Body, prompts) -> tuple[GenParams, 
     eng = state.need_engine()
 
     def work() -> tuple[GenParams, JobGroup]:
-        gen = parse_gen_params(b, state.config.defaults, n_ctx=eng.n_ctx_seq, limits=state.config.limits)
+        gen = parse_gen_params(b, state.config.defaults, n_ctx=eng.n_ctx_seq, limits=state.config.limits,
+                               tokenize=lambda text: eng.tokenize(text, add_special=False, parse_special=False))
         return gen, submit(state, prompts(b, gen), gen)
 
     return await in_worker(work)
@@ -142,19 +146,33 @@ async def completion_native(request: HttpRequest):
                               ping_interval=state.config.sse_ping_interval)
 
 
-async def chat_completions(request: HttpRequest):
-    state = _state(request)
-    eng = state.need_engine()
-    b = await _body(request)
-
+def _chat_prompts(state: ServerState, eng: "Engine"):
+    """How the chat routes read their prompt (``_generation``'s prompt parser): the messages, templated."""
     def prompt(b: Body, gen: GenParams) -> list[list[int]]:
         text = chat_prompt(state, b.data, parse_messages(b, state.config.limits))
         return [eng.tokenize(text, add_special=True, parse_special=True)]
 
-    gen, group = await _generation(state, b, prompt)
+    return prompt
+
+
+async def chat_completions(request: HttpRequest):
+    state = _state(request)
+    eng = state.need_engine()
+    b = await _body(request)
+    gen, group = await _generation(state, b, _chat_prompts(state, eng))
     return GenerationResponse(group, ChatRenderer(state, gen, _model_name(b, state), "chatcmpl",
                                                  verbose=_verbose(b, state)),
                               stream=gen.stream, ping_interval=state.config.sse_ping_interval)
+
+
+async def responses(request: HttpRequest):
+    """OpenAI's Responses API over the chat path (:mod:`llamaspec.server.responses`)."""
+    state = _state(request)
+    eng = state.need_engine()
+    b = Body(to_chat((await _body(request)).data))
+    gen, group = await _generation(state, b, _chat_prompts(state, eng))
+    return GenerationResponse(group, ResponsesRenderer(state, gen, _model_name(b, state)), stream=gen.stream,
+                              ping_interval=state.config.sse_ping_interval)
 
 
 async def apply_template(request: HttpRequest):

@@ -54,6 +54,8 @@ class ServerConfig:
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True
+    #: ``--ui-mcp-proxy``: ``/cors-proxy`` forwards requests (:mod:`llamaspec.server.cors_proxy`); off: 403
+    mcp_proxy: bool = False
     #: the ``--max-*`` bounds (:mod:`llamaspec.server.limits`)
     limits: Limits = field(default_factory=Limits)
 

@@ -1,0 +1,35 @@
+"""JSON schema -> GBNF grammar through llama-cpp-python's ``json_schema_to_gbnf`` (pure Python, the port of
+llama.cpp's ``json-schema-to-grammar``). Remote ``$ref`` fetching stays off: a schema can only refer to itself.
+
+>>> print(json_schema_to_grammar({"const": "42"}).splitlines()[0])
+root ::= "\\"42\\""
+>>> json_schema_to_grammar({"type": "hiccup"})
+Traceback (most recent call last):
+...
+ValueError: Unrecognized schema: {'type': 'hiccup'}
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+__all__ = ["json_schema_to_grammar"]
+
+
+def json_schema_to_grammar(schema: Any) -> str:
+    """The GBNF grammar of ``schema`` (a JSON object); :class:`ValueError` saying what is wrong with it."""
+    if not isinstance(schema, dict):
+        raise ValueError(f"a JSON schema is an object, got {type(schema).__name__}")
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except RecursionError:
+        raise ValueError("the schema nests (or refers to itself) too deeply") from None
+    except Exception as e:  # noqa: BLE001 - the converter asserts, or fails on a value of the wrong type
+        msg = str(e) or type(e).__name__
+        if msg.startswith("Fetching remote schemas"):
+            msg = "a $ref to a remote schema (https://...) is not fetched: put the schema it refers to inline"
+        elif isinstance(e, (AttributeError, TypeError, KeyError, IndexError)):
+            msg = f"a value of the wrong type or shape in the schema ({type(e).__name__}: {msg})"
+        raise ValueError(msg) from None
