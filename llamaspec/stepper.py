@@ -25,12 +25,26 @@ class Stepper:
         #: held while a step (or work done in place of one) runs; reentrant for close() inside a step
         self.lock = threading.RLock()
         self._cv = threading.Condition()
+        #: threads waiting for a step's output: (their condition, their event), woken only when it holds
+        self._waiters: list[tuple[Callable[[], bool], threading.Event]] = []
+        self._wlock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = False
 
     def notify(self) -> None:
+        """After a step (or work done in place of one): wake the idle engine thread, and each waiter whose
+        condition now holds (the others sleep on: a thread woken after every step for nothing costs the
+        engine thread the GIL each time)."""
         with self._cv:
             self._cv.notify_all()
+        with self._wlock:
+            waiters = list(self._waiters)
+        for ready, ev in waiters:
+            try:
+                if ready():
+                    ev.set()
+            except Exception:  # noqa: BLE001 - the waiter evaluates it again itself
+                ev.set()
 
     def step(self):
         """Run one step under the lock, then wake the waiters."""
@@ -68,8 +82,18 @@ class Stepper:
                     self.lock.release()
                     self.notify()
                 return True
-            with self._cv:
-                self._cv.wait(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
+            ev = threading.Event()
+            entry = (has_output, ev)
+            with self._wlock:
+                self._waiters.append(entry)
+            try:
+                if has_output():
+                    return True
+                # (also woken after at most 50 ms: a condition that changed outside a step is seen then)
+                ev.wait(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
+            finally:
+                with self._wlock:
+                    self._waiters.remove(entry)
             if has_output():
                 return True
             if deadline is not None and time.monotonic() >= deadline:

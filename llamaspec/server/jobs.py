@@ -197,8 +197,10 @@ class Dispatcher:
 
     @property
     def has_output(self) -> bool:
-        """What ``Engine.wait`` waits for: a watched request has output, or there is news for this thread."""
-        return self._wake.is_set() or any(not w.pollable or w.req.has_output for w in self._watched)
+        """What ``Engine.wait`` waits for: a watched stream has output, a watched request of a whole response
+        is done, or there is news for this thread (evaluated by the engine thread after each step)."""
+        return self._wake.is_set() or any(not w.pollable or (w.req.has_output if w.group.stream else w.req.done)
+                                          for w in self._watched)
 
     def _run(self) -> None:
         while True:
