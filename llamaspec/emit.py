@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from .sampler import GRAMMAR_END
 from .slot import Chunk, FinishReason, Slot, SlotState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,7 +36,7 @@ class Emitter:
         text = ""
         texts: list[str] | None = [] if probs is not None else None
         for t in tokens:
-            if vocab.is_eog(t):
+            if t == GRAMMAR_END or vocab.is_eog(t):  # the grammar allows nothing more: it ends as at EOG
                 slot.finish_reason, slot.stop_type = FinishReason.STOP, "eos"
                 break
             emitted.append(t)

@@ -182,9 +182,13 @@ class Rollback:
     # -- context shift (llama-server's --context-shift) ---------------------------------------------
     def can_shift(self) -> bool:
         """Whether this memory can drop a span in the middle of a sequence and move what follows down (a
-        trimmable KV cache whose positions can move: llama.cpp's ``memory_can_shift``); True without one."""
+        trimmable KV cache whose positions can move: llama.cpp's ``memory_can_shift``, and no recurrent or
+        hybrid model); True without one."""
         if not self._live():
             return True
+        model = self.ctx.model  # a recurrent state cannot lose tokens in the middle (llama.cpp would wipe it)
+        if getattr(model, "is_recurrent", False) or getattr(model, "is_hybrid", False):
+            return False
         return self.level is Level.PART and self.ctx.memory.can_shift
 
     def shift(self, seq_id: int, n_keep: int, n_discard: int, n_past: int) -> None:

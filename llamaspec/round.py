@@ -20,6 +20,7 @@ from .ctx_shift import ContextShift
 from .emit import Emitter
 from .errors import LlamaSpecError, MemoryOpError
 from .logprobs import RoundProbs
+from .sampler import GRAMMAR_END
 from .slot import Chunk, FinishReason, Slot, SlotState, progress_chunk
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -380,7 +381,11 @@ class Round:
         if n_rollback > 0 and self.rollback_tgt.needs_restore(n_rollback):
             if rp is not None:
                 rp.close()
-            self._restore(s, accepted)
+            known = accepted[:-1] if accepted[-1] == GRAMMAR_END else accepted  # END: no token to decode again
+            self._restore(s, known)  # (the replay samples END again: the grammar's state is the same)
+            if not known:  # nothing to replay: the request ends with the memory as it was before this round
+                s.spec_is_replay = False
+                self._emit(s, accepted, 0)
             return
         probs = rp.entries(self.ctx, rows, accepted) if rp is not None else None  # this decode's logits
         # 5.-6. statistics: the chain, then the slot (a replayed target token is not an accepted draft)

@@ -22,7 +22,13 @@ import numpy as np
 
 from . import _llama as llama
 
-__all__ = ["TargetSampler"]
+__all__ = ["GRAMMAR_END", "TargetSampler"]
+
+#: what the sampler picks when the grammar allows no token at all: it is complete and no end-of-generation
+#: token may follow (the vocabulary has none, ``ignore_eos``, a ``-inf`` bias), or the logit bias forbids every
+#: token it allows. Generation ends there as at an end-of-generation token (llamaspec.emit); it is never
+#: accepted (llama.cpp's grammar aborts the process: "Unexpected empty grammar stack after accepting piece").
+GRAMMAR_END = -1
 
 
 class TargetSampler:
@@ -57,7 +63,8 @@ class TargetSampler:
             return tok
         cand.fill(logits)
         cand.apply(self.grammar)
-        return cand.apply(self.chain)
+        tok = cand.apply(self.chain)
+        return tok if tok >= 0 and self.grammar.allows(tok) else GRAMMAR_END  # nothing allowed: the end
 
     def sample(self, ctx: "llama.Context", idx: int) -> int:
         """Pick from row ``idx`` and accept the pick (as generated)."""
@@ -68,7 +75,10 @@ class TargetSampler:
         return tok
 
     def accept(self, token: int, generated: bool = True) -> None:
-        """``common_sampler_accept``: the grammar only sees generated tokens; the chain sees every token."""
+        """``common_sampler_accept``: the grammar only sees generated tokens; the chain sees every token
+        (:data:`GRAMMAR_END` is no token: nothing sees it)."""
+        if token == GRAMMAR_END:
+            return
         if generated and self.grammar is not None:
             self.grammar.accept(token)
         self.chain.accept(token)
@@ -97,6 +107,13 @@ class TargetSampler:
             cand.fill(logits)
             cand.apply(self.grammar)
             ids_g, p_g = self._chain_dist(cand)
+            ok = (ids_g >= 0) & np.isfinite(p_g) & (p_g > 0)
+            if ok.any():
+                ok[ok] = self.grammar.allowed(ids_g[ok])
+            if not ok.any():  # the grammar allows nothing here: its share ends the generation
+                ids_g, p_g = np.array([GRAMMAR_END], dtype=np.int64), np.array([1.0])
+            elif not ok.all():
+                ids_g, p_g = ids_g[ok], p_g[ok] / p_g[ok].sum()
             ids = np.concatenate([ids, ids_g])
             p = np.concatenate([p, p_rejected * p_g])
         return _by_id(ids, p)

@@ -45,11 +45,13 @@ def wait_for_native_server(proc, url: str, tries: int = 600) -> None:
 
 
 def _penalized(logits, window: list[int], sampling) -> "object":
-    """``logits`` after llama.cpp's penalties sampler (``llama_sampler_penalties_apply``) over ``window``, the
-    last ``repeat_last_n`` tokens it has accepted (prompt included, as llama-server feeds it)."""
+    """``logits`` after ``sampling``'s logit bias and llama.cpp's penalties sampler (``llama_sampler_penalties_apply``)
+    over ``window``, the last ``repeat_last_n`` tokens it accepted (prompt included, as llama-server feeds it)."""
     import numpy as np
 
     lg = np.array(logits, dtype=np.float64)
+    for t, b in dict(sampling.logit_bias).items():  # the chain's first sampler (a later pair wins)
+        lg[t] += b
     rp, fp, pp = sampling.repeat_penalty, sampling.frequency_penalty, sampling.presence_penalty
     if sampling.repeat_last_n == 0 or (rp == 1.0 and fp == 0.0 and pp == 0.0):
         return lg
@@ -77,7 +79,7 @@ def divergence_is_near_tie(target, prompt: list[int], a: list[int], b: list[int]
     with L.Model(target) as m, L.Context(m, n_ctx=max(64, len(toks) + 8), n_batch=max(8, len(toks)), **ctx_kw) as ctx:
         ctx.decode_tokens(toks, 0, 0)
         lg = ctx.logits((len(toks) - 1) % ctx.n_batch)
-    if sampling is not None:
+    if sampling is not None:  # (a grammar is not applied: give only requests without one)
         n = sampling.repeat_last_n
         lg = _penalized(lg, toks[-n:] if n > 0 else toks, sampling)
     gap, top = abs(float(lg[a[k]] - lg[b[k]])), float(lg.max())

@@ -37,14 +37,15 @@ from llamaspec.params import RequestSpec, SpecParams  # noqa: E402
 from helpers import EXACT, divergence_is_near_tie  # noqa: E402
 
 #: examples per property: a fixed, derandomized set in the suite; ``LLAMASPEC_FUZZ_EXAMPLES=N``: N random ones
-FUZZ_EXAMPLES = int(os.environ.get("LLAMASPEC_FUZZ_EXAMPLES", "40"))
+FUZZ_EXAMPLES = int(os.environ.get("LLAMASPEC_FUZZ_EXAMPLES", "120"))
 FIXED = "LLAMASPEC_FUZZ_EXAMPLES" not in os.environ
 N_VOCAB, N_CTX, N_BATCH = 64, 256, 32  # the tiny models' vocabulary and training context
 #: spec type -> (slots, uses the draft model, prompt cache)
 KINDS = {"none": (2, False, False), "draft-simple": (3, True, False), "ngram-simple": (2, False, False),
          "ngram-mod": (3, False, True), "auto": (2, True, False)}
 #: what the fuzz run exercised, over all examples (test_fuzz_exercised_the_paths checks it)
-SEEN = {"examples": 0, "drafted": 0, "accepted": 0, "cancelled": 0, "stopped": 0, "rejected": 0, "greedy": 0}
+SEEN = {"examples": 0, "drafted": 0, "accepted": 0, "cancelled": 0, "stopped": 0, "grammar_end": 0, "rejected": 0,
+        "greedy": 0}
 
 
 def _spec(kind: str) -> SpecParams:
@@ -112,6 +113,8 @@ text_prompts = st.one_of(
     st.lists(st.sampled_from(SPECIALS + ["hello ", "é", "\u2603"]), min_size=1, max_size=12).map("".join),
     st.integers(100, 1200).map(lambda n: "".join(HEX[(i * 7) % 16] for i in range(n))),  # long, repetitive
 )
+#: grammars over the hex pieces: one that ends after one token (the tiny models have no end token), bounded ones
+GRAMMARS = ['root ::= "a" | "b"', "root ::= [0-9a-f]{2,12}", 'root ::= ("1" | "2" | "3f")+', 'root ::= "10" [0-9]*']
 n_predicts = st.one_of(st.sampled_from([0, 1, -1, 10 ** 6]), st.integers(2, 40))
 stops = st.lists(st.one_of(st.text(alphabet=HEX, min_size=1, max_size=4), st.sampled_from(["", "é", "\u2603", "zz"])),
                  max_size=3)
@@ -129,6 +132,10 @@ def samplings(draw) -> L.SamplingParams:
         frequency_penalty=draw(st.sampled_from([0.0, 0.0, 0.5, -0.5])),
         presence_penalty=draw(st.sampled_from([0.0, 0.0, 0.5])),
         seed=draw(st.one_of(st.integers(0, 0xFFFFFFFF), st.just(L.DEFAULT_SEED))),
+        grammar=draw(st.sampled_from([None] * 12 + GRAMMARS)),
+        logit_bias=tuple(draw(st.lists(st.tuples(st.integers(0, N_VOCAB - 1),
+                                                 st.sampled_from([float("-inf"), -3.0, 2.0, 50.0])), max_size=3))),
+        ignore_eos=draw(st.booleans()),
     )
 
 
@@ -267,9 +274,13 @@ def check_request(p: Plan, r, cancelled_at: int | None, alone, model) -> None:
         SEEN["cancelled"] += 1
     stop = [s for s in p.stop if s]
     assert not any(s in r.text for s in stop), (r.text, stop)
-    if r.finish_reason is FinishReason.STOP:  # the tiny models have no end-of-generation token
-        assert r.stop_type == "word" and r.stopping_word in stop, (r.stop_type, r.stopping_word, stop)
-        SEEN["stopped"] += 1
+    if r.finish_reason is FinishReason.STOP:  # the tiny models have no end token: a stop string or a grammar's end
+        if r.stop_type == "eos":
+            assert r.sampling.grammar is not None, "an end-of-generation stop without an end token or a grammar"
+            SEEN["grammar_end"] += 1
+        else:
+            assert r.stop_type == "word" and r.stopping_word in stop, (r.stop_type, r.stopping_word, stop)
+            SEEN["stopped"] += 1
     if p.n_predict >= 0:
         assert len(r.tokens) <= p.n_predict
     if r.finish_reason is FinishReason.LENGTH:

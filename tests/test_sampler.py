@@ -182,3 +182,59 @@ def test_logit_bias_and_ignore_eos_with_a_draft(tmp_path, verify):
         assert other.tokens and not set(other.tokens) & set(plain.tokens)
         with pytest.raises(UsageError, match="outside the vocabulary"):
             e.generate([1, 5], n_predict=2, sampling=L.SamplingParams(logit_bias=((10**6, 1.0),)))
+
+
+GRAMMAR_END_CHILD = r'''
+import json, sys
+from llamaspec import _llama as L
+from llamaspec.engine import Engine
+from llamaspec.params import SpecParams
+target, draft, eos_path = sys.argv[1:4]
+spec = SpecParams()
+spec.add_types("draft-simple")
+spec.draft.n_max, spec.draft_adaptive = 4, False
+out = []
+for verify in ("match", "rejection"):
+    with Engine(target, draft=draft, spec=spec, n_ctx=256, n_parallel=2, verify=verify) as e:
+        for grammar, bias in (('root ::= "a"', ()), ('root ::= [0-9a-f]{3,9}', ()),
+                              ('root ::= "a" | "b"', ((10, float("-inf")), (11, float("-inf"))))):
+            for temp in (0.0, 0.9):
+                sp = L.SamplingParams(temp=temp, seed=3, grammar=grammar, logit_bias=bias)
+                r = e.generate([1, 2, 3], n_predict=8, sampling=sp, probs=2)
+                out.append([verify, grammar, temp, r.text, str(r.finish_reason)])
+        assert e.generate([1, 2, 3], n_predict=4).tokens  # the engine goes on
+with Engine(eos_path, n_ctx=64) as e:  # a model with an end token, ignored: the grammar's end ends it
+    r = e.generate([1, 2], n_predict=8, sampling=L.SamplingParams(temp=0.0, grammar='root ::= "a"', ignore_eos=True))
+    out.append(["ignore_eos", r.text, str(r.finish_reason)])
+print(json.dumps(out))
+'''
+
+
+def test_grammar_that_allows_nothing_more_ends_the_request(tiny_model, tmp_path):
+    """Found by tests/test_fuzz_server.py: a grammar that is complete where no end-of-generation token may
+    follow (a vocabulary without one, ``ignore_eos``) or whose every token the logit bias forbids aborted the
+    whole process in llama.cpp ("Unexpected empty grammar stack after accepting piece"; one request killed the
+    server). Now the request stops there, as at an end token, on PART (llama) and FULL (mamba: restore +
+    replay) memory, with both verifications, greedy and sampled, with token probabilities."""
+    import json
+    import subprocess
+    import sys
+
+    from llamaspec.testing.tiny_models import write_model
+
+    eos = write_model("llama", tmp_path / "eos.gguf", eos_token_id=7)
+    for kind in ("llama", "mamba"):
+        p = subprocess.run([sys.executable, "-c", GRAMMAR_END_CHILD, str(tiny_model(kind)),
+                            str(tiny_model(f"{kind}-draft")), str(eos)], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        rows = json.loads(p.stdout.strip().splitlines()[-1])
+        for row in rows[:-1]:
+            verify, grammar, temp, text, reason = row
+            assert reason == "stop", row
+            if grammar == 'root ::= "a"':
+                assert text == "a", row
+            elif grammar.startswith("root ::= [0-9a-f]"):
+                assert 3 <= len(text) <= 9 and set(text) <= set("0123456789abcdef"), row
+            else:
+                assert text == "", row  # both of its tokens are forbidden: nothing can be generated
+        assert rows[-1] == ["ignore_eos", "a", "stop"]

@@ -236,7 +236,7 @@ def test_logit_bias_and_ignore_eos(http):
                                            "logit_bias": {str(plain[0]): 100}})
     assert r.status_code == 200 and r.json()["choices"][0]["text"]
     assert http.post("/completion", json={**base, "ignore_eos": True}).json()["tokens_predicted"] == 12
-    for bad, what in (({"x": 1}, "token ids"), ({"5": "a"}, "must be a number"), ({"999999": 1}, "outside the vocabulary"),
+    for bad, what in (([[1.5, 1]], "token ids"), ({"5": "a"}, "must be a number"), ({"999999": 1}, "outside the vocabulary"),
                       ([[1]], "expected an object")):
         r = http.post("/completion", json={**base, "logit_bias": bad})
         assert r.status_code == 400 and what in r.json()["error"]["message"], (bad, r.text)

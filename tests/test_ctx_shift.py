@@ -1,0 +1,123 @@
+"""Context shift (``Engine(context_shift=True)``, ``llamaspec serve --context-shift``): a full context drops the
+older half of its tokens and generation goes on, as llama-server does it (:mod:`llamaspec.ctx_shift`)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from llamaspec.ctx_shift import keep_discard
+from llamaspec.engine import Engine
+from llamaspec.params import SpecParams
+from llamaspec.slot import FinishReason
+
+from helpers import EXACT, wait_for_native_server
+
+NATIVE = Path(__file__).resolve().parents[1] / "native" / "bin"
+
+N_CTX = 256  # the tiny models' context (llama.cpp gives no smaller one)
+PROMPT = [1, 5, 9, 13, 22, 7, 30, 41, 2, 17]
+
+
+def _run(eng: Engine, n_predict: int):
+    req = eng.submit(PROMPT, n_predict=n_predict)
+    res = req.result()
+    return req, res
+
+
+def test_keep_discard_is_llama_servers_rule():
+    assert keep_discard(255, 256, add_bos=False) == (0, 127)
+    assert keep_discard(255, 256, add_bos=True) == (1, 127)
+    assert keep_discard(63, 64, add_bos=False, n_keep=100) == (60, 1)  # n_keep <= n_ctx - 4, >= 1 discarded
+
+
+def _shifted(tokens: list[int]) -> list[int]:
+    """What the memory holds after generating ``tokens`` from PROMPT with llama-server's shifts: before a
+    sampled token is decoded into a full context, ``n_discard`` tokens after ``n_keep`` go (the last sampled
+    token is never decoded)."""
+    mem = list(PROMPT)
+    for t in tokens[:-1]:
+        if len(mem) + 1 >= N_CTX:
+            k, d = keep_discard(len(mem), N_CTX, add_bos=False)
+            del mem[k:k + d]
+        mem.append(t)
+    return mem
+
+
+def test_generation_goes_past_a_full_context(tiny_model):
+    with Engine(tiny_model("llama"), n_ctx=N_CTX, context_shift=True, cache_prompt=True, **EXACT) as eng:
+        assert eng.round.shift.enabled and eng.n_ctx_seq == N_CTX
+        req, res = _run(eng, 400)
+        assert res.finish_reason is FinishReason.LENGTH and len(res.tokens) == 400 and req.truncated
+        assert eng.round.shift.n_shifts == 2
+        # the memory holds the shifted sequence at positions 0.., and the slot's tokens are those
+        cached = eng.slots[0].cached
+        assert cached == _shifted(res.tokens)
+        assert eng.ctx.memory.pos_min(0) == 0 and eng.ctx.memory.pos_max(0) == len(cached) - 1
+        # the next request reuses that cache as any other (a prefix of what the memory holds)
+        again = eng.submit(cached[:50] + [3], n_predict=2)
+        again.result()
+        assert again.stats.n_cached == 50
+
+
+@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+def test_same_tokens_as_llama_server(tiny_model):
+    """llama-server --context-shift on the same model and prompt: the same 400 greedy tokens."""
+    path = tiny_model("llama")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent / "lib"))
+    proc = subprocess.Popen([str(NATIVE / "llama-server"), "-m", str(path), "--port", str(port), "-c", str(N_CTX),
+                             "-np", "1", "-t", "1", "-fa", "off", "-ctk", "f32", "-ctv", "f32", "--no-warmup",
+                             "--context-shift"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_native_server(proc, url, 300)
+        body = json.dumps({"prompt": PROMPT, "n_predict": 400, "temperature": 0, "return_tokens": True}).encode()
+        with urllib.request.urlopen(urllib.request.Request(url + "/completion", body), timeout=300) as r:
+            nat = json.load(r)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    with Engine(path, n_ctx=N_CTX, context_shift=True, **EXACT) as eng:
+        req, res = _run(eng, 400)
+    assert nat["truncated"] and req.truncated
+    assert res.tokens == nat["tokens"]
+
+
+def test_without_context_shift_a_full_context_ends_the_request(tiny_model):
+    with Engine(tiny_model("llama"), n_ctx=N_CTX, **EXACT) as eng:
+        req, res = _run(eng, 400)
+    assert res.finish_reason is FinishReason.LENGTH and len(PROMPT) + len(res.tokens) == N_CTX and req.truncated
+
+
+def test_draft_model_follows_the_shift(tiny_model):
+    with Engine(tiny_model("llama"), n_ctx=N_CTX, context_shift=True, **EXACT) as plain:
+        _, want = _run(plain, 450)
+    spec = SpecParams()
+    spec.draft.n_max = 3
+    spec.draft_adaptive = False
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec, n_ctx=N_CTX, context_shift=True,
+                cache_prompt=True, **EXACT) as eng:
+        assert eng.round.shift.enabled
+        req, res = _run(eng, 450)
+        assert res.stats.n_drafted > 0 and eng.round.shift.n_shifts >= 2
+        n = len(eng.slots[0].cached)
+        assert eng.ctx.memory.pos_max(0) == n - 1 and eng.ctx_dft.memory.pos_max(0) == n - 1
+    assert res.tokens == want.tokens and req.truncated  # greedy + match: the draft never changes the output
+
+
+def test_a_memory_that_cannot_shift_turns_it_off(tiny_model, caplog):
+    with caplog.at_level(logging.WARNING, logger="llamaspec"):
+        with Engine(tiny_model("mamba"), n_ctx=N_CTX, context_shift=True) as eng:
+            assert not eng.round.shift.enabled
+            req, res = _run(eng, 400)
+    assert "context shift is not available" in caplog.text
+    assert len(PROMPT) + len(res.tokens) == N_CTX and req.truncated
