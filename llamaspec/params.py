@@ -235,7 +235,15 @@ class SpecParams:
 
     def draft_adaptive_on(self) -> bool:
         """Whether the draft model's length is chosen per round (``draft_adaptive``, default on; never with parity
-        or synthetic acceptance, whose lengths are the experiment)."""
+        or synthetic acceptance, whose lengths are the experiment; and not by default when ``n_min > 0`` asks
+        for drafts of at least that length every round, as llama.cpp makes them, which a length chosen by
+        cost may not give).
+
+        >>> p = SpecParams(); p.draft_adaptive_on(), (setattr(p.draft, "n_min", 4) or p.draft_adaptive_on())
+        (True, False)
+        """
+        if self.draft_adaptive is None and self.draft.n_min > 0:
+            return False
         return not self.parity and self.draft_adaptive is not False and not self.has_synth()
 
     def draft_vocab_keep(self) -> tuple[int, bool]:
