@@ -18,6 +18,7 @@ MODULES = [
     "llamaspec.drafters.ngram_lookup",
     "llamaspec.drafters.ngram_pool",
     "llamaspec.server.tenant",
+    "llamaspec.server.tools",
     "llamaspec.auto",
     "llamaspec.adaptive",
     "llamaspec.bench.modes",

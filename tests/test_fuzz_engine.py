@@ -2,14 +2,16 @@
 
 Each example is a mix of requests (text or token prompts: empty, repetitive, up to and past the context, with
 special-token markers and lone surrogates; ``n_predict`` 0 / 1 / -1 / large / invalid; greedy or sampled with
-top-k/p, min-p, seeds and penalties; stop strings, also ones that span tokens; per-request speculative
+top-k/p, min-p, seeds, penalties, logit biases and grammars (also ones that end where the tiny models have no
+end token); stop strings, also ones that span tokens; one invalid field now and then; per-request speculative
 settings; a cancel at a random step; a pinned slot), submitted at random steps to one engine of each spec type
 (none, draft-simple, ngram-simple, ngram-mod with a prompt cache, auto) with 2 or 3 slots, and driven by
 ``engine.step()`` with a step budget. Properties:
 
 * ``submit`` raises :class:`UsageError` exactly for the invalid requests and nothing else ever escapes;
 * every request ends within the budget (no hang), with stop / length / abort (error: never, on these
-  models; it would carry its message), a stop only at one of its stop strings, none of which is in the text;
+  models; it would carry its message), a stop only at one of its stop strings (none of which is in the text)
+  or at its grammar's end;
 * a greedy request gives the tokens of the same request run alone on a plain engine (a cancelled one a prefix
   of them), up to a near-tie (``helpers.divergence_is_near_tie``);
 * afterwards every slot is free, no sequence is left in memory (but a prompt cache) and a further request
@@ -213,7 +215,7 @@ def invalid_reason(plan: Plan, eng: Engine) -> str | None:
 
 
 def drain(eng: Engine, reqs) -> None:
-    """After a failed example: cancel what it left running, so that the next example starts on an idle engine."""
+    """Cancel what an example left running (it failed half-way), so that the next one starts on an idle engine."""
     for r in reqs:
         if not r.done:
             r.cancel()

@@ -78,6 +78,9 @@ speculative = st.fixed_dictionaries({}, optional={"n_max": st.integers(0, 4), "n
                                                   "p_min": st.floats(0, 1), "verify": st.sampled_from(["match", "rejection"])})
 bias_key = st.one_of(st.integers(0, 63).map(str), small_text)
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                      "properties": {"a": {"type": "integer"}}}}}
+TOOL_CHOICE = {"type": "function", "function": {"name": "f"}}
 #: values that fit each field (a body of them is answered 200, but for a few combinations llama-server refuses
 #: too); any field may instead get ``garbage`` (the wrong type, out of range, huge, nested)
 SAMPLING = {
@@ -96,12 +99,14 @@ SAMPLING = {
     "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"},
                                         {"type": "json_schema", "json_schema": {"schema": {"type": "string"}}}]),
     "n_probs": st.integers(0, 10), "post_sampling_probs": st.booleans(), "ignore_eos": st.booleans(),
-    "tools": st.just([]), "typical_p": st.floats(0, 1), "mirostat": st.integers(0, 2), "return_tokens": st.booleans(),
+    "tools": st.sampled_from([[], [TOOL]]), "tool_choice": st.sampled_from(["auto", "none", "required", TOOL_CHOICE]),
+    "typical_p": st.floats(0, 1), "mirostat": st.integers(0, 2), "return_tokens": st.booleans(),
     "timings_per_token": st.booleans(), "return_progress": st.booleans(), "model": small_text, "verbose": st.booleans(),
 }
 #: fields that only take garbage here (their good values depend on each other or on the route)
 EXTRA = ["logprobs", "top_logprobs", "chat_template_kwargs", "text", "previous_response_id", "multimodal_data",
-         "speculative.n_min", "speculative.p_min", "speculative.verify", "dry_multiplier", "xtc_probability", "n_cmpl"]
+         "speculative.n_min", "speculative.p_min", "speculative.verify", "dry_multiplier", "xtc_probability", "n_cmpl",
+         "parallel_tool_calls"]
 PROMPT = {"prompt": st.one_of(small_text.filter(bool), tokens, st.lists(st.one_of(small_text.filter(bool), tokens),
                                                                          min_size=1, max_size=2),
                               st.fixed_dictionaries({"prompt_string": small_text.filter(bool)}))}
@@ -216,6 +221,29 @@ def check_idle(app) -> None:
 
 
 # ------------------------------------------------------------------------------------------- the properties
+BASE = {"/completion": {"prompt": [1, 2, 3], "n_predict": 1}, "/v1/completions": {"prompt": "hi", "max_tokens": 1},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+        "/v1/responses": {"input": "hi", "max_output_tokens": 1},
+        "/apply-template": {"messages": [{"role": "user", "content": "hi"}]},
+        "/v1/chat/completions/input_tokens": {"messages": [{"role": "user", "content": "hi"}]},
+        "/tokenize": {"content": "hi"}, "/detokenize": {"tokens": [1, 2]}}
+WRONG = [[], {}, "x", True, 2 ** 63, -(2 ** 63), 1.5, -1, [[{}]], {"a": [1, "b"]}]
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_wrong_types_for_every_field(app, route):
+    """Systematically: each known field of the route, alone on a good body, set to each value of WRONG."""
+    answered = {}
+    for name in sorted(set(ROUTES[route]) | set(EXTRA if route in REQUIRED and ROUTES[route] is not CHAT else ())):
+        for v in WRONG:
+            body = {**BASE[route], name: v}
+            r = post(app, route, json.dumps(body).encode())
+            check_answer(r, route, body)
+            answered[name, json.dumps(v)] = r.status_code
+    check_idle(app)
+    assert 400 in answered.values(), answered
+
+
 @FUZZ
 @given(data=st.data(), route=st.sampled_from(sorted(ROUTES)))
 def test_fuzzed_bodies(app, data, route):
@@ -283,3 +311,17 @@ def test_no_infill_route(app):
     """No ``/infill`` (no fill-in-the-middle): a 404 in the error shape, not a 500."""
     r = post(app, "/infill", b'{"input_prefix": "a", "input_suffix": "b"}')
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_an_error_before_the_response_owns_the_generations_releases_them(app, monkeypatch):
+    """Whatever fails between submitting a request's generations and the response taking them over (here the
+    renderer) cancels them and releases their admission: nothing keeps running for nobody."""
+    from llamaspec.server import routes
+
+    def broken(*a, **kw):
+        raise ValueError("renderer failed")
+
+    monkeypatch.setattr(routes, "NativeRenderer", broken)
+    r = post(app, "/completion", b'{"prompt": [1, 2, 3], "n_predict": 200}')
+    assert r.status_code == 500 and "renderer failed" in r.json()["error"]["message"]
+    check_idle(app)

@@ -188,6 +188,20 @@ def test_numeric_fields_out_of_range(http, field, value):
     _names(e, field)
 
 
+def test_a_field_refused_late_releases_its_generations(http):
+    """Found by tests/test_fuzz_server.py: ``"verbose": []`` was refused (400) only after the request's
+    generations were submitted, and they were never released: each such request held a place of
+    --max-queued-generations (12 here) for good, so that 12 of them made the server answer 503 to everyone."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "verbose": []}
+    for _ in range(8):
+        for path, body in (("/v1/chat/completions", chat), ("/v1/completions", {"prompt": [1, 2], "max_tokens": 1,
+                                                                                 "verbose": "yes"})):
+            _names(_error(http.post(path, json=body), 400, "invalid_request_error"), "verbose")
+    ok = http.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 1, "temperature": 0})
+    assert ok.status_code == 200, ok.text
+    _wait_idle(http)
+
+
 # ---------------------------------------------------------------------------------------------------
 # per server: the queue, and no thread per generation
 # ---------------------------------------------------------------------------------------------------

@@ -10,13 +10,14 @@ __all__ = ["render_jinja_chat_template"]
 
 
 def render_jinja_chat_template(template: str, messages: list[dict[str, str]], *, bos_token: str, eos_token: str,
-                               add_assistant: bool = True) -> str:
-    """Render ``messages`` with the Jinja2 ``template``; ``add_assistant`` appends the assistant turn's opening.
-    Raises whatever Jinja2 raises on a template it cannot parse or render."""
+                               add_assistant: bool = True, tools: list[dict] | None = None) -> str:
+    """Render ``messages`` with the Jinja2 ``template``; ``add_assistant`` appends the assistant turn's opening;
+    ``tools`` (OpenAI's tool objects) are the template's ``tools``. Raises whatever Jinja2 raises on a template it
+    cannot parse or render."""
     fmt = Jinja2ChatFormatter(
         template=template,
         eos_token=eos_token,
         bos_token=bos_token,
         add_generation_prompt=add_assistant,
     )
-    return fmt(messages=messages).prompt
+    return fmt(messages=messages, tools=tools or None).prompt

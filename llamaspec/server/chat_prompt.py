@@ -10,6 +10,7 @@ from .._llama.chat_template import render_jinja_chat_template
 from ..chat import apply_chat_template
 from ..errors import UsageError
 from .errors import invalid
+from .tools import parse_tools
 
 if TYPE_CHECKING:  # pragma: no cover
     from .state import ServerState
@@ -25,9 +26,11 @@ def _is_jinja(template: str) -> bool:
     return "{%" in template or "{{" in template
 
 
-def render(state: "ServerState", messages: list[dict[str, str]], add_assistant: bool) -> str:
+def render(state: "ServerState", messages: list[dict[str, str]], add_assistant: bool,
+           tools: list[dict] | None = None) -> str:
     """``messages`` through the server's template: a Jinja template with Jinja first under ``--jinja``
-    (llama-server's default), else llama.cpp's built-in matcher first (then Jinja)."""
+    (llama-server's default), else llama.cpp's built-in matcher first (then Jinja). ``tools``: the template's
+    ``tools`` (Jinja only)."""
     eng = state.need_engine()
     tmpl = state.chat_template
     try:
@@ -35,9 +38,11 @@ def render(state: "ServerState", messages: list[dict[str, str]], add_assistant: 
             vocab = eng.model.vocab
             try:
                 return render_jinja_chat_template(tmpl, messages, eos_token=_piece(vocab, vocab.eos),
-                                                  bos_token=_piece(vocab, vocab.bos), add_assistant=add_assistant)
+                                                  bos_token=_piece(vocab, vocab.bos), add_assistant=add_assistant,
+                                                  tools=tools)
             except Exception:  # noqa: BLE001 - a template Jinja cannot render: the built-in matcher may know it
-                text = llama.render_builtin_chat_template(tmpl, messages, add_assistant=add_assistant)
+                text = None if tools else llama.render_builtin_chat_template(tmpl, messages,
+                                                                             add_assistant=add_assistant)
                 if text is None:
                     raise
                 return text
@@ -60,7 +65,12 @@ def _flag(data: dict, name: str, default: Any) -> Any:
 
 
 def chat_prompt(state: "ServerState", data: dict, messages: list[dict[str, str]]) -> str:
-    """The prompt text of a chat request (``data`` its JSON body, ``messages`` as parsed)."""
+    """The prompt text of a chat request (``data`` its JSON body, ``messages`` as parsed; its ``tools`` go to
+    the template with ``--jinja``, a 400 without: llama-server's answer)."""
+    spec = parse_tools(data)
+    tools = spec.tools if spec is not None and spec.render else None
+    if tools and not _jinja_mode(state):
+        raise invalid("tools param requires --jinja flag (and a Jinja chat template)")
     add_gen = _flag(data, "add_generation_prompt", True)
     cont = _flag(data, "continue_final_message", False)
     if not cont and messages and messages[-1]["role"] == "assistant":  # llama-server's assistant prefill
@@ -70,18 +80,18 @@ def chat_prompt(state: "ServerState", data: dict, messages: list[dict[str, str]]
     if cont and add_gen:
         raise invalid("Cannot set both add_generation_prompt and continue_final_message to true.")
     if not cont:
-        return render(state, messages, add_gen)
+        return render(state, messages, add_gen, tools)
     last = messages[-1]["content"] if messages else ""
     if messages and messages[-1]["role"] == "assistant" and _jinja_mode(state):
         # llama-server: the turns before it, the assistant's opening, then its text
-        return render(state, messages[:-1], True) + _prefill_text(data, last)
+        return render(state, messages[:-1], True, tools) + _prefill_text(data, last)
     if messages and messages[-1]["role"] == "assistant" and last:
         text = render(state, messages, False)
         at = text.rfind(last)
         if at >= 0:  # the template's end-of-turn after the final message is dropped: the model continues it
             return text[:at + len(last)]
         return render(state, messages[:-1], True) + last
-    return render(state, messages, False)
+    return render(state, messages, False, tools)
 
 
 def _jinja_mode(state: "ServerState") -> bool:

@@ -32,6 +32,7 @@ from .constraints import JSON_GRAMMAR, parse_grammar, parse_logit_bias
 from .errors import exceed_context, invalid
 from .limits import Limits, check_chars, check_generations, over, parse_json
 from .probs import parse_probs
+from .tools import message_extras
 
 __all__ = ["Body", "Defaults", "GenParams", "parse_json", "parse_gen_params", "parse_prompts", "parse_messages",
            "parse_speculative", "JSON_GRAMMAR"]
@@ -217,23 +218,24 @@ def _repeat_last_n(b: Body, defaults: Defaults, n_ctx: int | None) -> int:
     return hi if n == -1 and n_ctx is not None else n
 
 
-def _unsupported(b: Body) -> None:
+def _unsupported(b: Body, tools_ok: bool) -> None:
     """Known llama-server / OpenAI fields that would change the output and that llamaspec does not do:
     refused, so that nobody gets a silently different answer. Their neutral values are accepted."""
     tools = b.data.get("tools")
-    if tools not in (None, []):
-        raise invalid("Field 'tools': tool calls are not supported by llamaspec serve")
+    if tools not in (None, []) and not tools_ok:
+        raise invalid("Field 'tools': tool calls are only supported on /v1/chat/completions")
     for name, (kind, lo, hi) in IGNORED.items():
         (b.int if kind is int else b.float)(name, None, lo=lo, hi=hi)
 
 
 def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
-                     limits: Limits | None = None, tokenize: Callable[[str], list] | None = None) -> GenParams:
+                     limits: Limits | None = None, tokenize: Callable[[str], list] | None = None,
+                     tools_ok: bool = False) -> GenParams:
     """Sampling, length, stop, streaming and slot fields of a completion or chat request (``n_ctx``: the
     slot's context, the bound of ``repeat_last_n``; ``tokenize``: text -> token ids without BOS, for the
-    text keys of ``logit_bias``)."""
+    text keys of ``logit_bias``; ``tools_ok``: the route takes ``tools``, server/tools.py)."""
     limits = limits or Limits()
-    _unsupported(b)
+    _unsupported(b, tools_ok)
     n_predict = b.int("n_predict", defaults.n_predict, aliases=("max_completion_tokens", "max_tokens"), lo=-1)
     temp = b.float("temperature", defaults.temp)
     top_k = b.int("top_k", defaults.top_k)
@@ -352,7 +354,8 @@ def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt", limits: L
 
 
 def parse_messages(b: Body, limits: Limits | None = None) -> list[dict[str, str]]:
-    """OpenAI chat messages as ``{"role", "content"}`` strings (text parts are joined; other parts refused);
+    """OpenAI chat messages as ``{"role", "content"}`` strings (text parts are joined; other parts refused),
+    with their ``tool_calls`` / ``tool_call_id`` / ``name`` (:func:`~llamaspec.server.tools.message_extras`);
     their text together within ``--max-prompt-chars``."""
     k, v = b.get("messages")
     if v is None:
@@ -385,6 +388,6 @@ def parse_messages(b: Body, limits: Limits | None = None) -> list[dict[str, str]
             text = "\n".join(parts)
         else:
             raise invalid(f"Field 'messages[{i}].content': expected a string or a list of parts")
-        out.append({"role": role, "content": text})
+        out.append({"role": role, "content": text, **message_extras(m, i)})
     check_chars(k, sum(len(m["role"]) + len(m["content"]) for m in out), limits or Limits())
     return out

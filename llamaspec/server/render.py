@@ -9,6 +9,7 @@ from . import formats
 from .jobs import Renderer
 from .parsing import Defaults, GenParams
 from .probs import ProbsRender
+from .tools import ToolSpec, ToolStream, parse_output
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
@@ -113,9 +114,29 @@ class CompletionRenderer(_OpenAIBase):
 class ChatRenderer(_OpenAIBase):
     """``/v1/chat/completions``: ``chat.completion`` objects and ``chat.completion.chunk`` deltas."""
 
-    def __init__(self, *a, **kw):
+    def __init__(self, *a, tools: ToolSpec | None = None, **kw):
         super().__init__(*a, **kw)
         self._started: set[int] = set()
+        #: the request's tools when the output is parsed into calls (server/tools.py), one parser per choice
+        self.tools = tools if tools is not None and tools.parse else None
+        self._streams: dict[int, ToolStream] = {}
+        self._n_calls: dict[int, int] = {}
+
+    def _tool_events(self, i: int, text: str, *, end: bool = False) -> list[dict]:
+        """The deltas of ``text`` through choice ``i``'s tool-call parser: content as it is final, each call
+        once it is complete."""
+        ts = self._streams.setdefault(i, ToolStream(self.tools))
+        out = []
+        for kind, v in ts.feed(text) + (ts.finish() if end else []):
+            if kind == "content":
+                out.append({"content": v})
+            else:
+                k = self._n_calls[i] = self._n_calls.get(i, 0) + 1
+                out.append({"tool_calls": [{"index": k - 1, **v}]})
+        return out
+
+    def _delta(self, i: int, delta: dict) -> dict:
+        return {"choices": [{"finish_reason": None, "index": i, "delta": delta}], **self.head("chat.completion.chunk")}
 
     def _role(self, i):
         if i not in self._started:
@@ -132,6 +153,14 @@ class ChatRenderer(_OpenAIBase):
         for text, entries, _ in _events(self.probs, i, ch):
             if not text and not entries:
                 continue
+            if self.tools is not None:  # logprobs go with the content they came with, none with calls
+                deltas = self._tool_events(i, text)
+                for j, delta in enumerate(deltas):
+                    d = self._delta(i, delta)
+                    if entries is not None and j == 0 and "content" in delta:
+                        d["choices"][0]["logprobs"] = {"content": self.probs.content(entries)}
+                    yield d
+                continue
             d = {"choices": [{"finish_reason": None, "index": i, "delta": {"content": text}}],
                  **self.head("chat.completion.chunk")}
             if entries is not None:
@@ -142,7 +171,13 @@ class ChatRenderer(_OpenAIBase):
 
     def stream_finish(self, i, req):
         yield from self._role(i)
-        yield self.with_verbose({"choices": [{"finish_reason": formats.finish_reason(req.finish_reason), "index": i,
+        reason = formats.finish_reason(req.finish_reason)
+        if self.tools is not None:
+            for delta in self._tool_events(i, "", end=True):
+                yield self._delta(i, delta)
+            if self._n_calls.get(i):
+                reason = "tool_calls"
+        yield self.with_verbose({"choices": [{"finish_reason": reason, "index": i,
                                               "delta": {}}],
                                  **self.head("chat.completion.chunk"), "timings": _timings(self.state, req.stats)}, req)
 
@@ -163,6 +198,11 @@ class ChatRenderer(_OpenAIBase):
     def _choice(self, i: int, r) -> dict:
         c = {"finish_reason": formats.finish_reason(r.finish_reason), "index": i,
              "message": {"role": "assistant", "content": r.text}}
+        if self.tools is not None:
+            content, calls = parse_output(r.text, self.tools)
+            if calls:
+                c["finish_reason"] = "tool_calls"
+                c["message"].update(content=content, tool_calls=calls)
         if self.probs is not None:
             c["logprobs"] = {"content": self.probs.content(r.token_probs)}
         return c

@@ -20,6 +20,7 @@ from .render import SYSTEM_FINGERPRINT, ChatRenderer, CompletionRenderer, Native
 from .responses import ResponsesRenderer, to_chat
 from .state import ServerState
 from .tenant import current_tenant
+from .tools import ToolSpec, parse_tools
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
@@ -94,16 +95,35 @@ async def _body(request: HttpRequest) -> Body:
     return Body(parse_json(raw, limits))
 
 
-async def _generation(state: ServerState, b: Body, prompts) -> tuple[GenParams, JobGroup]:
-    """Parse, tokenise (``prompts(b, gen)``: the token lists) and submit in a worker thread."""
+async def _generation(state: ServerState, b: Body, prompts,
+                      tools: ToolSpec | None = None) -> tuple[GenParams, JobGroup]:
+    """Parse, tokenise (``prompts(b, gen)``: the token lists) and submit in a worker thread; ``tools``: the chat
+    request's (a forced ``tool_choice`` constrains the output with their grammar)."""
     eng = state.need_engine()
 
     def work() -> tuple[GenParams, JobGroup]:
         gen = parse_gen_params(b, state.config.defaults, n_ctx=eng.n_ctx_seq, limits=state.config.limits,
-                               tokenize=lambda text: eng.tokenize(text, add_special=False, parse_special=False))
+                               tokenize=lambda text: eng.tokenize(text, add_special=False, parse_special=False),
+                               tools_ok=tools is not None)
+        if tools is not None and tools.forced:
+            if gen.sampling.grammar:
+                raise invalid("Field 'tool_choice': a required or named tool call constrains the output itself: "
+                              "give no 'grammar', 'json_schema' or 'response_format' with it")
+            gen.sampling.grammar = tools.grammar(_llama.json_schema_to_grammar)
         return gen, submit(state, prompts(b, gen), gen)
 
     return await in_worker(work)
+
+
+def _respond(state: ServerState, gen: GenParams, group: JobGroup, renderer) -> GenerationResponse:
+    """The response of a generation route (``renderer()`` makes its renderer). Until the response owns the
+    group, an error (a bad field read last) closes it: its requests are cancelled and their admission released
+    (they would otherwise run on and count against --max-queued-generations forever)."""
+    try:
+        return GenerationResponse(group, renderer(), stream=gen.stream, ping_interval=state.config.sse_ping_interval)
+    except BaseException:
+        group.close()
+        raise
 
 
 def _model_name(b: Body, state: ServerState) -> str:
@@ -131,10 +151,10 @@ async def completions_oai(request: HttpRequest):
     state = _state(request)
     eng = state.need_engine()
     b = await _body(request)
+    verbose = _verbose(b, state)
     gen, group = await _generation(state, b, _completion_prompts(state, eng))
-    return GenerationResponse(group, CompletionRenderer(state, gen, _model_name(b, state), "cmpl",
-                                                       verbose=_verbose(b, state)),
-                              stream=gen.stream, ping_interval=state.config.sse_ping_interval)
+    return _respond(state, gen, group, lambda: CompletionRenderer(state, gen, _model_name(b, state), "cmpl",
+                                                                  verbose=verbose))
 
 
 async def completion_native(request: HttpRequest):
@@ -142,8 +162,7 @@ async def completion_native(request: HttpRequest):
     eng = state.need_engine()
     b = await _body(request)
     gen, group = await _generation(state, b, _completion_prompts(state, eng))
-    return GenerationResponse(group, NativeRenderer(state, gen, _model_name(b, state)), stream=gen.stream,
-                              ping_interval=state.config.sse_ping_interval)
+    return _respond(state, gen, group, lambda: NativeRenderer(state, gen, _model_name(b, state)))
 
 
 def _chat_prompts(state: ServerState, eng: "Engine"):
@@ -159,10 +178,11 @@ async def chat_completions(request: HttpRequest):
     state = _state(request)
     eng = state.need_engine()
     b = await _body(request)
-    gen, group = await _generation(state, b, _chat_prompts(state, eng))
-    return GenerationResponse(group, ChatRenderer(state, gen, _model_name(b, state), "chatcmpl",
-                                                 verbose=_verbose(b, state)),
-                              stream=gen.stream, ping_interval=state.config.sse_ping_interval)
+    verbose = _verbose(b, state)
+    tools = parse_tools(b.data)  # 400 on bad tools before anything runs
+    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools)
+    return _respond(state, gen, group, lambda: ChatRenderer(state, gen, _model_name(b, state), "chatcmpl",
+                                                            verbose=verbose, tools=tools))
 
 
 async def responses(request: HttpRequest):
@@ -171,8 +191,7 @@ async def responses(request: HttpRequest):
     eng = state.need_engine()
     b = Body(to_chat((await _body(request)).data))
     gen, group = await _generation(state, b, _chat_prompts(state, eng))
-    return GenerationResponse(group, ResponsesRenderer(state, gen, _model_name(b, state)), stream=gen.stream,
-                              ping_interval=state.config.sse_ping_interval)
+    return _respond(state, gen, group, lambda: ResponsesRenderer(state, gen, _model_name(b, state)))
 
 
 async def apply_template(request: HttpRequest):

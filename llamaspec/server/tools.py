@@ -1,0 +1,375 @@
+"""OpenAI ``tools`` on ``/v1/chat/completions``: the request's tools checked (:func:`parse_tools`), the
+messages' ``tool_calls`` / ``tool_call_id`` made ready for a Jinja chat template (:func:`message_extras`), the
+grammar of ``tool_choice: "required"`` or a named function (:meth:`ToolSpec.grammar`), and the model's text
+parsed back into calls (:class:`ToolStream`, :func:`parse_output`) for the common template families:
+Hermes / Qwen ``<tool_call>{json}</tool_call>``, Llama 3.x JSON (after ``<|python_tag|>`` or alone), Mistral
+``[TOOL_CALLS][{...}]`` (and ``[TOOL_CALLS]name[ARGS]{...}``), and a whole output that is a JSON call.
+
+>>> spec = parse_tools({"tools": [{"type": "function", "function": {"name": "f"}}]})
+>>> parse_output('Sure. <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', spec, ids=iter(["c1"]))
+('Sure.', [{'id': 'c1', 'type': 'function', 'function': {'name': 'f', 'arguments': '{"x": 1}'}}])
+>>> parse_output('<tool_call>{"name": oops}</tool_call>', spec)
+('<tool_call>{"name": oops}</tool_call>', [])
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from .errors import invalid
+
+__all__ = ["ToolSpec", "ToolStream", "message_extras", "parse_output", "parse_tools", "new_call_id"]
+
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL = "[TOOL_CALLS]"
+PYTHON_TAG = "<|python_tag|>"
+_MARKERS = (HERMES_OPEN, MISTRAL, PYTHON_TAG)
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+
+
+def _show(v: Any) -> str:
+    s = json.dumps(v, default=str)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass
+class ToolSpec:
+    """The tools of one request, checked: ``tools`` as the template gets them, ``choice`` one of ``auto``,
+    ``none``, ``required`` or ``function`` (then ``name``), ``parallel`` (``parallel_tool_calls``; None: not
+    given, then a forced call is one call, as llama-server's default, and every call the model writes is kept)."""
+
+    tools: list[dict]
+    choice: str = "auto"
+    name: str | None = None
+    parallel: bool | None = None
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def render(self) -> bool:
+        """The template gets the tools (not with ``tool_choice: "none"``)."""
+        return bool(self.tools) and self.choice != "none"
+
+    @property
+    def parse(self) -> bool:
+        """The output is parsed into calls."""
+        return self.render
+
+    @property
+    def forced(self) -> bool:
+        """The output must be a call: a grammar constrains it."""
+        return self.render and self.choice in ("required", "function")
+
+    def call_schema(self) -> dict:
+        """The JSON schema of the output under a forced choice: ``{"name", "arguments"}`` of one of the
+        (allowed) tools, a non-empty list of them with ``parallel_tool_calls``."""
+        alts = []
+        for t in self.tools:
+            f = t["function"]
+            if self.choice == "function" and f["name"] != self.name:
+                continue
+            params = f.get("parameters") or {"type": "object"}
+            alts.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": params},
+                         "required": ["name", "arguments"], "additionalProperties": False})
+        one = alts[0] if len(alts) == 1 else {"oneOf": alts}
+        return {"type": "array", "items": one, "minItems": 1} if self.parallel is True else one
+
+    def grammar(self, to_grammar: Callable[[Any], str]) -> str:
+        """The GBNF of :meth:`call_schema` (``to_grammar``: JSON schema -> GBNF, ValueError when it cannot);
+        a 400 naming the tool whose ``parameters`` is not a schema llamaspec can follow."""
+        try:
+            return to_grammar(self.call_schema())
+        except ValueError:
+            for i, t in enumerate(self.tools):
+                try:
+                    to_grammar(t["function"].get("parameters") or {"type": "object"})
+                except ValueError as e:
+                    raise invalid(f"Field 'tools[{i}].function.parameters': not a JSON schema llamaspec can "
+                                  f"follow: {e}") from None
+            raise
+
+
+def _check_tool(i: int, t: Any) -> dict:
+    where = f"tools[{i}]"
+    if not isinstance(t, dict):
+        raise invalid(f"Field '{where}': expected an object {{\"type\": \"function\", \"function\": {{...}}}}, "
+                      f"got {_show(t)}")
+    if t.get("type", "function") != "function":
+        raise invalid(f"Field '{where}.type': only \"function\" tools are supported, got {_show(t.get('type'))}")
+    f = t.get("function")
+    if not isinstance(f, dict):
+        raise invalid(f"Field '{where}.function': expected an object with 'name' (and 'parameters'), got {_show(f)}")
+    name = f.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid(f"Field '{where}.function.name': expected a non-empty string, got {_show(name)}")
+    params = f.get("parameters")
+    if params is not None and not isinstance(params, dict):
+        raise invalid(f"Field '{where}.function.parameters': expected a JSON schema object, got {_show(params)}")
+    desc = f.get("description")
+    if desc is not None and not isinstance(desc, str):
+        raise invalid(f"Field '{where}.function.description': expected a string, got {_show(desc)}")
+    return {**t, "type": "function"}
+
+
+def parse_tools(data: dict) -> ToolSpec | None:
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls`` of a chat request (None: no tools); 400 naming the
+    field that is wrong."""
+    raw = data.get("tools")
+    choice = data.get("tool_choice")
+    if raw is None or raw == []:
+        if choice not in (None, "none", "auto"):
+            raise invalid(f"Field 'tool_choice': {_show(choice)} needs 'tools'")
+        return None
+    if not isinstance(raw, list):
+        raise invalid(f"Field 'tools': expected a list of tools, got {_show(raw)}")
+    tools = [_check_tool(i, t) for i, t in enumerate(raw)]
+    names = [t["function"]["name"] for t in tools]
+    spec = ToolSpec(tools, names=names)
+    par = data.get("parallel_tool_calls")
+    if par is not None and not isinstance(par, bool):
+        raise invalid(f"Field 'parallel_tool_calls': expected true or false, got {_show(par)}")
+    spec.parallel = par
+    if choice is None or choice in ("auto", "none", "required"):
+        spec.choice = choice or "auto"
+    elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in names:
+            raise invalid(f"Field 'tool_choice.function.name': {_show(name)} is not one of the tools "
+                          f"({', '.join(names)})")
+        spec.choice, spec.name = "function", name
+    else:
+        raise invalid(f"Field 'tool_choice': expected \"none\", \"auto\", \"required\" or "
+                      f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {_show(choice)}")
+    return spec
+
+
+class _Arguments(dict):
+    """A call's arguments for a template: a dict (``| tojson``, ``.items()``), its JSON text when printed."""
+
+    def __str__(self) -> str:
+        return json.dumps(self, ensure_ascii=False)
+
+
+def _template_call(where: str, c: Any) -> dict:
+    if not isinstance(c, dict) or not isinstance(c.get("function"), dict):
+        raise invalid(f"Field '{where}': expected {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                      f"\"arguments\"}}}}, got {_show(c)}")
+    f = c["function"]
+    if not isinstance(f.get("name"), str) or not f["name"]:
+        raise invalid(f"Field '{where}.function.name': expected a non-empty string, got {_show(f.get('name'))}")
+    args = f.get("arguments")
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args) if args.strip() else {}
+        except ValueError:
+            parsed = None
+        args = _Arguments(parsed) if isinstance(parsed, dict) else args
+    elif isinstance(args, dict) or args is None:
+        args = _Arguments(args or {})
+    else:
+        raise invalid(f"Field '{where}.function.arguments': expected a JSON string, got {_show(args)}")
+    return {**c, "type": "function", "function": {**f, "arguments": args}}
+
+
+def message_extras(m: dict, i: int) -> dict:
+    """The fields of chat message ``m`` (``messages[i]``) a template reads besides ``role`` and ``content``:
+    an assistant's ``tool_calls`` (their ``arguments`` as objects that print as JSON), a tool result's
+    ``tool_call_id`` and ``name``."""
+    out: dict = {}
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise invalid(f"Field 'messages[{i}].tool_calls': expected a list of calls, got {_show(calls)}")
+        if calls:
+            out["tool_calls"] = [_template_call(f"messages[{i}].tool_calls[{j}]", c) for j, c in enumerate(calls)]
+    for k in ("tool_call_id", "name"):
+        v = m.get(k)
+        if v is not None:
+            if not isinstance(v, str):
+                raise invalid(f"Field 'messages[{i}].{k}': expected a string, got {_show(v)}")
+            out[k] = v
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# the model's text -> calls
+# ---------------------------------------------------------------------------------------------------
+def _call(obj: Any, known: list[str] | None) -> dict | None:
+    """``{"name", "arguments"}`` of one JSON call (``arguments``, ``parameters``; a nested ``function``), or
+    None; ``known``: the name must be one of them."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict) and "name" not in obj:
+        obj = {**obj["function"], "id": obj.get("id")}
+    name = obj.get("name")
+    if not isinstance(name, str) or not name or (known is not None and name not in known):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            json.loads(args)
+        except ValueError:
+            return None
+    else:
+        args = json.dumps(args, ensure_ascii=False)
+    out = {"name": name, "arguments": args}
+    if isinstance(obj.get("id"), str) and obj["id"]:
+        out["id"] = obj["id"]
+    return out
+
+
+def _calls(obj: Any, known: list[str] | None) -> list[dict] | None:
+    """The calls of a JSON value: one call, a list of them, ``{"tool_call": ...}`` or ``{"tool_calls": [...]}``."""
+    if isinstance(obj, dict) and set(obj) in ({"tool_call"}, {"tool_calls"}):
+        obj = obj.get("tool_call", obj.get("tool_calls"))
+    items = obj if isinstance(obj, list) else [obj]
+    out = [_call(x, known) for x in items]
+    return out if out and all(c is not None for c in out) else None
+
+
+def _json_values(text: str) -> list | None:
+    """JSON values one after the other (whitespace or ``;`` between), or None."""
+    dec, vals, i = json.JSONDecoder(), [], 0
+    text = text.strip()
+    while i < len(text):
+        try:
+            v, i = dec.raw_decode(text, i)
+        except ValueError:
+            return None
+        vals.append(v)
+        while i < len(text) and (text[i].isspace() or text[i] == ";"):
+            i += 1
+    return vals or None
+
+
+def _tail_calls(text: str, known: list[str]) -> list[dict] | None:
+    """Calls of the text held to the end: after ``[TOOL_CALLS]``, ``<|python_tag|>``, or a whole output that
+    looks like JSON (then the names must be the tools')."""
+    if text.startswith(MISTRAL):
+        out: list[dict] = []
+        for seg in text.split(MISTRAL)[1:]:
+            if "[ARGS]" in seg:
+                name, args = seg.split("[ARGS]", 1)
+                vals = _json_values(args)
+                c = _call({"name": name.strip(), "arguments": vals[0]}, None) if vals and len(vals) == 1 else None
+                cs = [c] if c else None
+            else:
+                vals = _json_values(seg)
+                cs = _calls(vals[0], None) if vals and len(vals) == 1 else None
+            if not cs:
+                return None
+            out.extend(cs)
+        return out
+    tagged = text.startswith(PYTHON_TAG)
+    body = text[len(PYTHON_TAG):] if tagged else text.strip()
+    m = _FENCE.match(body.strip())
+    vals = _json_values(m.group(1) if m else body)
+    if not vals:
+        return None
+    out = []
+    for v in vals:
+        cs = _calls(v, None if tagged else known)
+        if not cs:
+            return None
+        out.extend(cs)
+    return out
+
+
+def _held_prefix(buf: str) -> int:
+    """How many characters at the end of ``buf`` could start a marker (held back from the content)."""
+    for n in range(min(len(buf), max(map(len, _MARKERS)) - 1), 0, -1):
+        if any(mk.startswith(buf[-n:]) for mk in _MARKERS):
+            return n
+    return 0
+
+
+class ToolStream:
+    """The model's text, fed as it comes, as events: ``("content", text)`` and ``("call", {"id", "type",
+    "function": {"name", "arguments"}})``. A ``<tool_call>`` block is a call as soon as it closes; what follows
+    ``[TOOL_CALLS]`` or ``<|python_tag|>``, and an output that opens with JSON, is held to the end. What does not
+    parse stays content, as it was written."""
+
+    def __init__(self, spec: ToolSpec, ids: Iterator[str] | None = None):
+        self.spec, self.ids = spec, ids
+        self.buf, self.mode, self.started, self.n_calls = "", "text", False, 0
+
+    def _call_event(self, c: dict) -> list:
+        if self.n_calls and self.spec.parallel is False:
+            return []  # parallel_tool_calls false: the first call only
+        self.n_calls += 1
+        cid = c.get("id") or (next(self.ids) if self.ids is not None else new_call_id())
+        return [("call", {"id": cid, "type": "function",
+                          "function": {"name": c["name"], "arguments": c["arguments"]}})]
+
+    def _calls(self, cs: list[dict]) -> list:
+        return [e for c in cs for e in self._call_event(c)]
+
+    def feed(self, text: str) -> list:
+        self.buf += text
+        out: list = []
+        while True:
+            if self.mode == "text":
+                if not self.started:
+                    s = self.buf.lstrip()
+                    if not s:
+                        return out
+                    self.started = True
+                    if s[0] in "{[" or s.startswith("```"):
+                        self.mode = "json"
+                        return out
+                hits = [(self.buf.find(mk), mk) for mk in _MARKERS if mk in self.buf]
+                if not hits:
+                    n = _held_prefix(self.buf)
+                    emit, self.buf = self.buf[:len(self.buf) - n], self.buf[len(self.buf) - n:]
+                    if emit:
+                        out.append(("content", emit))
+                    return out
+                at, mk = min(hits)
+                if at:
+                    out.append(("content", self.buf[:at]))
+                self.buf = self.buf[at:]
+                self.mode = "tag" if mk == HERMES_OPEN else "tail"
+            elif self.mode == "tag":
+                end = self.buf.find(HERMES_CLOSE)
+                if end < 0:
+                    return out
+                block, self.buf = self.buf[:end + len(HERMES_CLOSE)], self.buf[end + len(HERMES_CLOSE):]
+                out.extend(self._block(block))
+                self.mode = "text"
+            else:
+                return out  # tail / json: held to the end
+
+    def _block(self, block: str) -> list:
+        vals = _json_values(block[len(HERMES_OPEN):].removesuffix(HERMES_CLOSE))
+        cs = _calls(vals[0], None) if vals and len(vals) == 1 else None
+        return self._calls(cs) if cs else [("content", block)]
+
+    def finish(self) -> list:
+        buf, self.buf = self.buf, ""
+        if not buf:
+            return []
+        if self.mode == "tag":  # a block the model did not close
+            return self._block(buf)
+        if self.mode in ("tail", "json"):
+            cs = _tail_calls(buf, self.spec.names)
+            if cs:
+                return self._calls(cs)
+        return [("content", buf)]
+
+
+def parse_output(text: str, spec: ToolSpec, ids: Iterator[str] | None = None) -> tuple[str | None, list[dict]]:
+    """``(content, tool_calls)`` of a whole output: the content stripped (None when there is none but calls),
+    the calls as OpenAI's ``message.tool_calls``."""
+    ts = ToolStream(spec, ids)
+    events = ts.feed(text) + ts.finish()
+    calls = [e[1] for e in events if e[0] == "call"]
+    content = "".join(e[1] for e in events if e[0] == "content")
+    if not calls:
+        return text, []
+    return (content.strip() or None), calls
