@@ -23,11 +23,9 @@ log = logging.getLogger("llamaspec")
 
 
 def _forget(d: Drafter, seq_id: int) -> None:
-    """``d.reset(seq_id)``, except for ngram-mod: its ``reset()`` is another verb under that name (it empties
-    the table every sequence shares, and takes no sequence) and what it keeps per sequence is set anew by
-    ``begin``, so a cancel or a redone decode has nothing of it to drop."""
-    if d.type != "ngram-mod":
-        d.reset(seq_id)
+    """``d.reset(seq_id)`` (every drafter takes the sequence; ngram-mod's shared table is emptied by its
+    ``clear``)."""
+    d.reset(seq_id)
 
 
 class Chain:

@@ -119,7 +119,13 @@ class NgramMod(Drafter):
         self._lcg_top = pow(LCG_MUL, n - 1, 1 << 64) if n >= 1 else 0  # a^(n-1), for the rolling index
 
     # -------------------------------------------------------------------------------------- the table
-    def reset(self) -> None:
+    def reset(self, seq_id: int | None = None) -> None:
+        """A sequence is forgotten (``seq_id``): nothing to drop, what ngram-mod keeps per sequence is set anew
+        by ``begin``. Without a sequence: :meth:`clear`."""
+        if seq_id is None:
+            self.clear()
+
+    def clear(self) -> None:
         """Empty the shared table."""
         self.table.fill(EMPTY)
         self.used = 0
@@ -169,7 +175,7 @@ class NgramMod(Drafter):
         self.i_last[seq_id] = L - n
         if self.occupancy() > MAX_OCCUPANCY:
             log.debug("ngram-mod: occupancy %.3f > %.2f, resetting the table", self.occupancy(), MAX_OCCUPANCY)
-            self.reset()
+            self.clear()
 
     def draft(self, params: Sequence[DraftParams]) -> None:
         for seq_id, dp in enumerate(params):
@@ -216,7 +222,7 @@ class NgramMod(Drafter):
             self.n_low[seq_id] += 1
             if self.n_low[seq_id] >= N_LOW_RESET:
                 log.debug("ngram-mod: %d low-acceptance rounds, resetting the table", N_LOW_RESET)
-                self.reset()
+                self.clear()
                 self.n_low[seq_id] = 0
                 self.i_last[seq_id] = 0
         else:
