@@ -103,7 +103,12 @@ def test_memory_invariant_every_round(tiny_model):
                 e.step()
                 if slot.state is SlotState.GENERATING:
                     assert e.ctx.memory.pos_max(0) == slot.n_past - 1
-                    assert e.ctx_dft.memory.pos_max(0) == slot.n_past - 1
+                    # the draft memory is never ahead; a trimmable one may lag (rounds without a draft are
+                    # not mirrored: the next draft catches up), a FULL one follows every round
+                    if e.rollback_dft.reuse_kv:
+                        assert e.ctx_dft.memory.pos_max(0) <= slot.n_past - 1
+                    else:
+                        assert e.ctx_dft.memory.pos_max(0) == slot.n_past - 1
 
 
 def test_abandoned_stream_and_exception(tiny_model, monkeypatch):
@@ -335,7 +340,8 @@ def test_sampled_match_with_penalties_equals_plain(tiny_model):
 @pytest.mark.parametrize("n_parallel", [1, 4])
 def test_draft_kv_reuse_keeps_output_and_skips_reeval(tiny_model, plain, n_parallel):
     """Beyond llama.cpp: with reuse_kv the draft context keeps what drafting decoded; the target output is
-    unchanged and the draft context ends every round holding exactly the committed tokens."""
+    unchanged and the draft context ends every round holding the committed tokens or fewer (a round without
+    a draft is not mirrored; the next draft catches up), exactly them after a round that drafted."""
     p = spec(4)
     p.draft.reuse_kv = True
     with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=p, n_ctx=256, n_parallel=n_parallel,
@@ -349,7 +355,9 @@ def test_draft_kv_reuse_keeps_output_and_skips_reeval(tiny_model, plain, n_paral
                 for ch in e.step():
                     out += ch.tokens
                 if slot.state is SlotState.GENERATING:
-                    assert e.ctx_dft.memory.pos_max(0) == slot.n_past - 1
+                    assert e.ctx_dft.memory.pos_max(0) <= slot.n_past - 1
+                    if slot.stats.n_drafted and slot.spec_draft == [] and e.chain.impls[0]._drafted == {0}:
+                        assert e.ctx_dft.memory.pos_max(0) == slot.n_past - 1
             assert out == plain("llama")
         else:
             rs = e.generate_many(PROMPTS, n_predict=N)

@@ -133,6 +133,10 @@ class DraftSimple(Drafter):
         #: with ``reuse_kv``: per seq, (pos0, tokens decoded in the draft context by the last draft())
         self.reuse_kv = bool(params.reuse_kv)
         self._decoded: list[tuple[int, list[int]] | None] = [None] * n_seq
+        #: with ``reuse_kv``: the seqs the last draft() drafted for; the target rows of the others are not
+        #: mirrored (a round where the budget chose not to draft costs no draft decode), the next draft()
+        #: decodes what they miss first (``_catch_up``)
+        self._drafted: set[int] = set()
         # never propose what the target cannot decode: the suppress list (llama.cpp's -inf logit bias) and,
         # for a draft with the larger (padded) vocabulary, every id past the target's
         self.n_vocab_tgt = ctx_tgt.model.vocab.n_tokens
@@ -250,8 +254,10 @@ class DraftSimple(Drafter):
             return True
         if self.reuse_kv and any(d is not None for d in self._decoded):
             rows = self._skip_decoded(rows)
-            if not rows:
-                return True
+        if self.reuse_kv:  # committed rows of seqs that did not draft: decoded when they draft next
+            rows = self._to_mirror(rows)
+        if not rows:
+            return True
         mirrored = self._dft_rows([r for r in rows if r.token is not None], out_last=True)
         if not mirrored:
             return True
@@ -282,14 +288,49 @@ class DraftSimple(Drafter):
                     dec[1].append(r.token)
         return True
 
+    def _to_mirror(self, rows: Sequence[llama.Row]) -> list[llama.Row]:
+        """The rows to mirror now: those of seqs the last draft() drafted for, when they continue the draft
+        memory without a gap (a seq that skipped rounds is caught up by its next draft instead)."""
+        out: list[llama.Row] = []
+        i, n = 0, len(rows)
+        while i < n:
+            seq = rows[i].seq_id
+            j = i
+            while j < n and rows[j].seq_id == seq:
+                j += 1
+            if seq in self._drafted and rows[i].pos == self.mem.pos_max(seq) + 1:
+                out.extend(rows[i:j])
+            i = j
+        return out
+
+    def _catch_up(self, params: Sequence[DraftParams], active: list[int]) -> bool:
+        """Decode into the draft context the committed tokens it misses (rounds it did not draft), in one
+        batched pass before drafting."""
+        rows = []
+        for s in active:
+            dp = params[s]
+            p = self.mem.pos_max(s) + 1
+            rows.extend(llama.Row(t, p + j, s, False) for j, t in enumerate(dp.prompt[p:dp.pos0]))
+        try:
+            for chunk in llama.chunks(self._dft_rows(rows), self.ctx_dft.n_batch):
+                chunk = chunk[:-1] + [llama.Row(chunk[-1].token, chunk[-1].pos, chunk[-1].seq_id, True)]
+                self.ctx_dft.decode(chunk)
+        except DecodeError as e:
+            log.warning("draft-simple: catching the draft context up failed: %s", e)
+            return False
+        return True
+
     def draft(self, params: Sequence[DraftParams]) -> None:
         ctx = self.ctx_dft
         active = [s for s, dp in enumerate(params) if dp.drafting]
+        self._drafted = set(active)
         if not active:
             return
         requested = list(active)
         for s in active:
             self._decoded[s] = None
+        if self.reuse_kv and not self._catch_up(params, active):
+            return
         if not self._decode_step([llama.Row(params[s].id_last, params[s].pos0, s, True) for s in active]):
             return
         i = 0
