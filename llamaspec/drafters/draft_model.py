@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -99,6 +99,19 @@ class _SampleCfg:
     temp: float
     seed: int
     rng: np.random.Generator
+
+
+def _seq_groups(rows: Sequence[llama.Row]) -> Iterator[tuple[int, Sequence[llama.Row]]]:
+    """``(seq_id, rows)`` for each run of consecutive rows of one sequence (a batch lays each slot's rows
+    together)."""
+    i, n = 0, len(rows)
+    while i < n:
+        seq = rows[i].seq_id
+        j = i
+        while j < n and rows[j].seq_id == seq:
+            j += 1
+        yield seq, rows[i:j]
+        i = j
 
 
 class DraftSimple(Drafter):
@@ -216,13 +229,7 @@ class DraftSimple(Drafter):
         beyond the matching prefix is removed from the draft context before the rest is decoded (a refused trim
         raises :class:`~llamaspec.errors.MemoryOpError`)."""
         out: list[llama.Row] = []
-        i, n = 0, len(rows)
-        while i < n:
-            seq = rows[i].seq_id
-            j = i
-            while j < n and rows[j].seq_id == seq:
-                j += 1
-            group = rows[i:j]
+        for seq, group in _seq_groups(rows):
             k = 0
             dec = self._decoded[seq]
             if dec is not None:
@@ -233,7 +240,6 @@ class DraftSimple(Drafter):
                 self.mem.trim(seq, pos0 + k)
                 self._decoded[seq] = None
             out.extend(group[k:])
-            i = j
         for seq, dec in enumerate(self._decoded):  # drafted but not in this batch: drop what drafting added
             if dec is not None:
                 self.mem.trim(seq, dec[0])
@@ -243,11 +249,16 @@ class DraftSimple(Drafter):
     def redecode(self, seq_id: int, tokens: Sequence[int], pos0: int) -> bool:
         """After a FULL draft memory was reloaded: the committed ``tokens`` again, in the draft's ids."""
         rows = self._dft_rows([llama.Row(t, pos0 + i, seq_id, False) for i, t in enumerate(tokens)], out_last=True)
+        self._decode_chunks(rows)
+        return True
+
+    def _decode_chunks(self, rows: Sequence[llama.Row]) -> None:
+        """Decode draft-id ``rows`` into the draft context in chunks of ``n_batch``, the last row of each an
+        output (llama.cpp wants one per decode)."""
         for chunk in llama.chunks(rows, self.ctx_dft.n_batch):
             if not chunk[-1].output:
                 chunk = chunk[:-1] + [llama.Row(chunk[-1].token, chunk[-1].pos, chunk[-1].seq_id, True)]
             self.ctx_dft.decode(chunk)
-        return True
 
     def process(self, rows: Sequence[llama.Row]) -> bool:
         if not rows:
@@ -262,10 +273,7 @@ class DraftSimple(Drafter):
         if not mirrored:
             return True
         try:
-            for chunk in llama.chunks(mirrored, self.ctx_dft.n_batch):
-                if not chunk[-1].output:
-                    chunk = chunk[:-1] + [llama.Row(chunk[-1].token, chunk[-1].pos, chunk[-1].seq_id, True)]
-                self.ctx_dft.decode(chunk)
+            self._decode_chunks(mirrored)
         except DecodeError as e:
             log.error("draft-simple: mirroring a target batch into the draft context failed: %s", e)
             return False
@@ -292,15 +300,9 @@ class DraftSimple(Drafter):
         """The rows to mirror now: those of seqs the last draft() drafted for, when they continue the draft
         memory without a gap (a seq that skipped rounds is caught up by its next draft instead)."""
         out: list[llama.Row] = []
-        i, n = 0, len(rows)
-        while i < n:
-            seq = rows[i].seq_id
-            j = i
-            while j < n and rows[j].seq_id == seq:
-                j += 1
-            if seq in self._drafted and rows[i].pos == self.mem.pos_max(seq) + 1:
-                out.extend(rows[i:j])
-            i = j
+        for seq, group in _seq_groups(rows):
+            if seq in self._drafted and group[0].pos == self.mem.pos_max(seq) + 1:
+                out.extend(group)
         return out
 
     def _catch_up(self, params: Sequence[DraftParams], active: list[int]) -> bool:
@@ -312,9 +314,7 @@ class DraftSimple(Drafter):
             p = self.mem.pos_max(s) + 1
             rows.extend(llama.Row(t, p + j, s, False) for j, t in enumerate(dp.prompt[p:dp.pos0]))
         try:
-            for chunk in llama.chunks(self._dft_rows(rows), self.ctx_dft.n_batch):
-                chunk = chunk[:-1] + [llama.Row(chunk[-1].token, chunk[-1].pos, chunk[-1].seq_id, True)]
-                self.ctx_dft.decode(chunk)
+            self._decode_chunks(self._dft_rows(rows))
         except DecodeError as e:
             log.warning("draft-simple: catching the draft context up failed: %s", e)
             return False
