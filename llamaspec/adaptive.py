@@ -20,6 +20,7 @@ online by the engine (decode time per row count, draft time per batched step). E
 """
 from __future__ import annotations
 
+import bisect
 from typing import Callable
 
 __all__ = ["DraftLengthController", "Explorer", "expected_tokens", "best_draft_length", "best_shared_length", "CostModel",
@@ -63,6 +64,21 @@ def expected_tokens(rates: list[float], k: int) -> float:
 def _rate(rates: list[float], i: int) -> float:
     """``a_i``; positions past the estimates take the last one (none: 0)."""
     return rates[i] if i < len(rates) else (rates[-1] if rates else 0.0)
+
+
+def _cost_at(curve: "tuple[float, dict[int, float], list[int], float]", rows: int) -> float:
+    """A decode of ``rows`` rows relative to one on a measured curve (:meth:`CostModel._curve`): the
+    measured time, else interpolated between the measured row counts around it, else past the last one
+    extended by its slope; never below one row (noise can measure two rows faster than one)."""
+    base, ms, known, slope = curve
+    if rows in ms:
+        return max(1.0, ms[rows] / base)
+    last = known[-1]
+    if rows > last:
+        return max(1.0, (ms[last] + slope * (rows - last)) / base)
+    i = bisect.bisect_left(known, rows)
+    lo, hi = known[i - 1], known[i]
+    return max(1.0, (ms[lo] + (rows - lo) / (hi - lo) * (ms[hi] - ms[lo])) / base)
 
 
 def best_draft_length(rates: list[float], k_max: int, verify_cost: Callable[[int], float], draft_cost: float,
@@ -301,22 +317,8 @@ class CostModel:
         >>> m.verify_cost(0), m.verify_cost(3), m.verify_cost(15), round(m.verify_cost(9), 2)
         (1.0, 1.4, 2.2, 1.8)
         """
-        base = self.base_ms()
-        if not base or len(self.decode_ms) < 2:
-            return default_verify_cost(k)
-        rows = k + 1
-        ms = {1: base, **self.decode_ms}
-        if rows in ms:  # (never below one row: noise can measure two rows faster than one)
-            return max(1.0, ms[rows] / base)
-        known = sorted(ms)
-        lo = max((r for r in known if r < rows), default=1)
-        hi = min((r for r in known if r > rows), default=None)
-        if hi is None:  # beyond what was measured: extend the last slope (at least the per-row cost so far)
-            slope = (ms[lo] - base) / max(lo - 1, 1) if lo > 1 else 0.05 * base
-            # a noisy measurement can make that slope negative: a longer verify never costs less than one row
-            return max(1.0, (ms[lo] + max(slope, 0.0) * (rows - lo)) / base)
-        t = (rows - lo) / (hi - lo)
-        return max(1.0, (ms[lo] + t * (ms[hi] - ms[lo])) / base)
+        curve = self._curve()
+        return default_verify_cost(k) if curve is None else _cost_at(curve, k + 1)
 
     def batch_costs(self, n_rows: int) -> list[float]:
         """``[v(r - 1) for r in 0..n_rows]``, the cost of a decode of ``r`` rows relative to one (index 0 is 0),
@@ -329,26 +331,24 @@ class CostModel:
         >>> CostModel().batch_costs(3) == [0.0] + [default_verify_cost(r - 1) for r in range(1, 4)]
         True
         """
+        curve = self._curve()
+        if curve is None:
+            return [0.0] + [default_verify_cost(r - 1) for r in range(1, n_rows + 1)]
+        return [0.0] + [_cost_at(curve, r) for r in range(1, n_rows + 1)]
+
+    def _curve(self) -> "tuple[float, dict[int, float], list[int], float] | None":
+        """``(base, ms by row count, the row counts sorted, the slope past the last)`` of the measured decode
+        times, or None while the prior applies (fewer than two row counts measured)."""
         base = self.base_ms()
         if not base or len(self.decode_ms) < 2:
-            return [0.0] + [default_verify_cost(r - 1) for r in range(1, n_rows + 1)]
+            return None
         ms = {1: base, **self.decode_ms}
         known = sorted(ms)
         last = known[-1]
-        slope = (ms[last] - base) / max(last - 1, 1) if last > 1 else 0.05 * base
-        slope = max(slope, 0.0)
-        out = [0.0]
-        j = 0
-        for rows in range(1, n_rows + 1):
-            if rows >= last:
-                c = ms[last] + slope * (rows - last)
-            else:
-                while known[j + 1] < rows:
-                    j += 1
-                lo, hi = known[j], known[j + 1]
-                c = ms[lo] + (rows - lo) / (hi - lo) * (ms[hi] - ms[lo])
-            out.append(max(1.0, c / base))
-        return out
+        # a noisy measurement can make the slope negative: a longer verify never costs less than one row
+        slope = max((ms[last] - base) / max(last - 1, 1) if last > 1 else 0.05 * base, 0.0)
+        return base, ms, known, slope
+
 
     def draft_step_cost(self, n_seqs: int = 1) -> float:
         """One batched draft step for ``n_seqs`` sequences, relative to a one-row target decode: measured
