@@ -2,9 +2,9 @@
 discarding old tokens instead of stopping with ``length``.
 
 Before a round, every generating slot with ``n_past + 1 >= n_ctx_seq`` (no room to decode its sampled token)
-is shifted as llama-server does it: the first ``n_keep`` tokens stay (llama-server's default ``n_keep`` of 0,
-plus the BOS token when the model adds one; at most ``n_ctx_seq - 4``), the next ``n_discard`` = half of the
-rest are removed from the target and draft memories, the tokens after them move down by ``n_discard``
+is shifted as llama-server does it: the first ``n_keep`` tokens stay (the request's ``n_keep``, default 0, -1 for
+the whole prompt, plus the BOS token when the model adds one; at most ``n_ctx_seq - 4``), the next ``n_discard``
+(the request's, default 0: half of the rest) are removed from the target and draft memories, the tokens after them move down by ``n_discard``
 positions, the slot's token list follows, and the request is marked ``truncated``. The drafters start over
 from the shifted tokens (``chain.reset`` + ``chain.begin``): an n-gram drafter re-indexes them, draft-simple's
 draft context was shifted with the target's.
@@ -41,11 +41,20 @@ SHIFTABLE_DRAFTERS = ("draft-simple", "ngram-cache", "ngram-lookup", "ngram-map-
                       "ngram-simple")
 
 
-def keep_discard(n_past: int, n_ctx_seq: int, *, add_bos: bool, n_keep: int = 0) -> tuple[int, int]:
-    """llama-server's ``(n_keep, n_discard)`` for a sequence of ``n_past`` tokens in ``n_ctx_seq``."""
-    keep = min(n_ctx_seq - 4, n_keep + (1 if add_bos else 0))
+def keep_discard(n_past: int, n_ctx_seq: int, *, add_bos: bool, n_keep: int = 0, n_discard: int = 0,
+                 n_prompt: int = 0) -> tuple[int, int]:
+    """llama-server's ``(n_keep, n_discard)`` for a sequence of ``n_past`` tokens in ``n_ctx_seq``: the
+    request's ``n_keep`` (-1: the ``n_prompt`` prompt tokens) plus the BOS token, at most ``n_ctx_seq - 4``;
+    its ``n_discard`` (0: half of the rest), at most all but one of the rest.
+
+    >>> keep_discard(255, 256, add_bos=False, n_keep=10, n_discard=20)
+    (10, 20)
+    >>> keep_discard(255, 256, add_bos=True, n_keep=-1, n_prompt=200, n_discard=100)
+    (201, 53)
+    """
+    keep = min(n_ctx_seq - 4, (n_prompt if n_keep < 0 else n_keep) + (1 if add_bos else 0))
     n_left = n_past - keep
-    return keep, max(0, min(n_left // 2, n_left - 1))
+    return keep, max(0, min(max(0, n_discard) or n_left // 2, n_left - 1))
 
 
 def unsupported(rollback_tgt: "TargetRollback", rollback_dft: "DraftRollback", chain: "Chain | None") -> str | None:
@@ -102,7 +111,8 @@ class ContextShift:
     def shift(self, s: Slot) -> None:
         """Shift ``s`` (due); raises when a memory refuses (the caller fails the slot)."""
         n_past = s.n_past
-        n_keep, n_discard = keep_discard(n_past, self.n_ctx_seq, add_bos=self.add_bos)
+        n_keep, n_discard = keep_discard(n_past, self.n_ctx_seq, add_bos=self.add_bos, n_keep=s.n_keep,
+                                         n_discard=s.n_discard, n_prompt=s.n_prompt)
         log.info("slot %d: context shift, n_keep = %d, n_left = %d, n_discard = %d", s.id, n_keep, n_past - n_keep,
                  n_discard)
         self.rollback_tgt.shift(s.seq_id, n_keep, n_discard, n_past)

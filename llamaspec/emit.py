@@ -38,6 +38,7 @@ class Emitter:
         for t in tokens:
             if t == GRAMMAR_END or vocab.is_eog(t):  # the grammar allows nothing more: it ends as at EOG
                 slot.finish_reason, slot.stop_type = FinishReason.STOP, "eos"
+                slot.stats.n_eog = int(t != GRAMMAR_END)  # a sampled EOG token (llama-server counts it)
                 break
             emitted.append(t)
             slot.generated.append(t)
@@ -46,6 +47,9 @@ class Emitter:
             if texts is not None:
                 texts.append(piece)
             if stream.stopped:
+                if stream.limited:  # llama-server's n_indent / t_max_predict_ms
+                    slot.finish_reason, slot.stop_type = FinishReason.LENGTH, "limit"
+                    break
                 slot.finish_reason, slot.stop_type = FinishReason.STOP, "word"
                 slot.stopping_word = stream.stop_string
                 break

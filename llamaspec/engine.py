@@ -42,7 +42,7 @@ from .request import Request, RequestState, check_request, resolve_sampling
 from .round import Round, RoundOutcome
 from .sampler import TargetSampler
 from .scheduler import Scheduler
-from .stepper import Stepper
+from .stepper import Stepper, native_use
 from .slot import Chunk, FinishReason, GenerationResult, GenerationStats, Slot, SlotState
 
 __all__ = ["Engine", "Chunk", "FinishReason", "GenerationResult", "GenerationStats", "Request", "RequestState", "Slot",
@@ -177,8 +177,8 @@ class Engine:
         """Free every native object. Requests still queued or running finish with ``abort``; any later call
         raises :class:`EngineClosedError`."""
         stepper = getattr(self, "_stepper", None)
-        if stepper is not None and stepper.has_thread:
-            stepper.stop()
+        if stepper is not None:  # no new submit; those under way end (and queue) first; the thread stops
+            stepper.close(lambda: setattr(self, "_closed", True))
         lock = stepper.lock if stepper is not None else None
         if lock is not None:
             lock.acquire()
@@ -224,10 +224,11 @@ class Engine:
     def n_ctx_seq(self) -> int:
         return self.ctx.n_ctx_seq
 
+    @native_use
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        self._check_open()
         return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
+    @native_use
     def submit(
         self,
         prompt: str | Sequence[int],
@@ -237,10 +238,9 @@ class Engine:
         stop: Sequence[str] = (),
         parse_special: bool = False,
         speculative: RequestSpec | None = None,
-        id_slot: int = -1,
-        cache_prompt: bool = True,
-        probs: "ProbsSpec | int | None" = None,
-        progress: bool = False, owner: str = "",
+        id_slot: int = -1, cache_prompt: bool = True,
+        probs: "ProbsSpec | int | None" = None, n_keep: int = 0, n_discard: int = 0,
+        progress: bool = False, owner: str = "", text_limits: "dict | None" = None, sampler_opts: "dict | None" = None,
     ) -> Request:
         """Queue a request (any thread) and return its :class:`~llamaspec.request.Request`.
 
@@ -248,21 +248,22 @@ class Engine:
         request (``n_max=0``: no drafting). ``id_slot`` pins a slot. ``cache_prompt`` reuses the slot's
         cached prefix when the engine keeps a prompt cache (:mod:`llamaspec.scheduler`). ``probs``: token
         probabilities of every emitted token (:mod:`llamaspec.logprobs`; an int is ``n_probs``). ``progress``:
-        prompt-progress chunks (``Chunk.progress``) before and while the prompt is decoded."""
-        self._check_open()
+        prompt-progress chunks (``Chunk.progress``) before and while the prompt is decoded. ``text_limits``:
+        llama-server's ``n_indent`` / ``t_max_predict_ms`` (:class:`~llamaspec.text.TextStream`); ``sampler_opts``: TargetSampler's."""
         tokens = self.tokenize(prompt, parse_special=parse_special) if isinstance(prompt, str) else list(prompt)
         probs = check_request(tokens, n_predict, id_slot, n_vocab=self.vocab.n_tokens, n_ctx_seq=self.n_ctx_seq,
                               n_ctx_train=self.model.n_ctx_train, n_parallel=self.n_parallel, probs=probs)
         if speculative is not None:
             speculative.validate(self.chain.n_max if self.chain is not None else 0)
         sampling = resolve_sampling(sampling or llama.SamplingParams(temp=0.0), self.n_ctx_seq)
-        sampler = TargetSampler(self.vocab, sampling)
+        sampler = TargetSampler(self.vocab, sampling, **(sampler_opts or {}))
         with self._id_lock:
             self._next_id += 1
             req = Request(self, self._next_id, tokens, n_predict=n_predict, sampling=sampling, sampler=sampler,
                           stop=stop)
         req.speculative, req.id_slot, req.cache_prompt, req.probs = speculative, id_slot, cache_prompt, probs
-        req.progress, req.owner = progress, owner  # owner: the tenant (the shared n-gram pool drafts within it)
+        req.n_keep, req.n_discard = n_keep, n_discard  # the context shift's (llamaspec.ctx_shift; -1: the prompt)
+        req.progress, req.owner, req.text_limits = progress, owner, text_limits  # owner: the tenant (the shared n-gram pool drafts within it)
         self.scheduler.enqueue(req)
         self._stepper.run_now(self.scheduler.admit)
         return req

@@ -166,6 +166,29 @@ class Rollback:
         self._load(seq_id, data)
         self.trim(seq_id, n)
 
+    # -- whole sequences (slot save / restore: llamaspec.slot_state) --------------------------------
+    def n_positions(self, seq_id: int) -> int:
+        """Positions of ``seq_id`` in memory (``pos_max + 1``; 0 without a context)."""
+        return self.ctx.memory.pos_max(seq_id) + 1 if self._live() else 0
+
+    def save_seq(self, seq_id: int) -> bytes:
+        """The whole state of ``seq_id`` (every cache and recurrent state: llama-server's slot files)."""
+        return self.ctx.state_seq_get(seq_id, llama.STATE_FLAGS_NONE) if self._live() else b""
+
+    def load_seq(self, seq_id: int, data: bytes) -> None:
+        """Load a :meth:`save_seq` state into ``seq_id`` (raises :class:`~llamaspec.errors.StateError` when
+        it does not fit this context; llama.cpp leaves the sequence empty then)."""
+        if self._live():
+            self.ctx.state_seq_set(seq_id, data, llama.STATE_FLAGS_NONE)
+
+    def save_seq_file(self, seq_id: int, path: str, words: "list[int]") -> int:
+        """:meth:`save_seq` into a llama.cpp sequence-state file with ``words`` as its token list; its size."""
+        return llama.seq_save_file(self.ctx, path, seq_id, words)
+
+    def load_seq_file(self, seq_id: int, path: str) -> "tuple[list[int], int]":
+        """Load a :meth:`save_seq_file` file into ``seq_id``: (its token words, bytes read)."""
+        return llama.seq_load_file(self.ctx, path, seq_id)
+
     # -- the level's rules (spec §9) ----------------------------------------------------------------
     def needs_checkpoint(self, n_draft: int) -> bool:
         """Whether verifying a draft of ``n_draft`` tokens needs a state checkpoint first."""
@@ -340,6 +363,17 @@ class DraftRollback(Rollback):
         if self.ctx is None:
             return None
         return self._trim_or_reload(seq_id, n_past, ckpt)
+
+    def recover(self, seq_id: int, n_past: int, ckpt: Checkpoint) -> bool:
+        """:meth:`Rollback.recover`; with draft-KV reuse the draft memory may also stay *behind* ``n_past``:
+        rounds that did not draft are not mirrored, the next draft catches up from ``pos_max + 1``."""
+        return super().recover(seq_id, n_past, ckpt) or self._behind(seq_id, n_past)
+
+    def recover_prompt(self, seq_id: int, n_done: int) -> bool:
+        return super().recover_prompt(seq_id, n_done) or self._behind(seq_id, n_done)
+
+    def _behind(self, seq_id: int, n: int) -> bool:
+        return self.reuse_kv and self._live() and self.ctx.memory.pos_max(seq_id) < n
 
     def _trim_or_reload(self, seq_id: int, pos: int, ckpt: Checkpoint) -> int | None:
         memory = self.ctx.memory

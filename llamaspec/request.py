@@ -122,6 +122,8 @@ class Request:
         self._stats = GenerationStats(n_prompt=len(tokens))
         self._driver = driver
         self._sampler: "TargetSampler | None" = sampler  # handed to the slot on admission
+        #: the same sampler, still readable once the slot has it (``last_token``: the token that ended the request)
+        self.target_sampler = sampler
         self._chunks: deque[Chunk] = deque()
         self._cancel = False
         self._done = threading.Event()

@@ -13,10 +13,20 @@ prompt tokens, synthetic drafts). :class:`TargetSampler` does the same on top of
   own samplers on a clone (penalties, grammar, top-k/p, min-p, temperature all included). With a grammar it
   is the exact mixture of llama.cpp's two paths: ``p(x) = [x allowed] p_chain(x) + P(rejected) p_grammar(x)``.
 - ``clone()`` / ``copy_from()`` for checkpoints (chain, grammar and the random state).
+
+``logits_processor`` (llama-cpp-python's ``LogitsProcessorList`` or any ``f(input_ids, logits) -> logits``): called
+on a copy of each row's logits before anything else, with the tokens the sampler has seen (the prompt, then
+every accepted token) as ``input_ids``, as llama-cpp-python's custom sampler does. Rows are sampled in order
+and each accepted token joins the history before the next row, so in a verification each drafted row sees
+exactly the history plain decoding would have had.
+
+``penalize_prompt=False``: the prompt does not enter the penalties' history (llama-cpp-python's ``Llama``
+penalizes generated tokens only; llama-server, the default, the prompt too). Both options reach the sampler
+through ``Engine.submit(..., sampler_opts={...})``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -35,8 +45,15 @@ class TargetSampler:
     """One request's target sampler (see the module docstring)."""
 
     def __init__(self, vocab: "llama.Vocab", params: "llama.SamplingParams", *,
-                 _parts: "tuple[llama.Sampler, llama.Sampler | None] | None" = None):
+                 _parts: "tuple[llama.Sampler, llama.Sampler | None] | None" = None,
+                 logits_processor: "Callable[[np.ndarray, np.ndarray], np.ndarray] | None" = None,
+                 penalize_prompt: bool = True):
         self.params = params
+        self.penalize_prompt = penalize_prompt
+        self.logits_processor = logits_processor
+        #: the tokens the sampler has seen (only kept for a logits processor), and the last one it accepted
+        self.history: list[int] = []
+        self.last_token = GRAMMAR_END
         self.vocab = vocab
         if _parts is not None:
             self.chain, self.grammar = _parts
@@ -50,12 +67,13 @@ class TargetSampler:
                     self.grammar.close()
                 raise
         self._cand = llama.Candidates(vocab.n_tokens)
-        self._has_history = bool(params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty)
+        self._has_history = bool(params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty
+                                 or params.dry_multiplier)
 
     # -- sampling -----------------------------------------------------------------------------------
     def sample_no_accept(self, ctx: "llama.Context", idx: int) -> int:
         """``common_sampler_sample`` (grammar_first = false): chain, check the pick, resample with the grammar."""
-        logits = ctx.logits(idx)
+        logits = self._row(ctx, idx)
         cand = self._cand
         cand.fill(logits)
         tok = cand.apply(self.chain)
@@ -68,8 +86,9 @@ class TargetSampler:
 
     def sample(self, ctx: "llama.Context", idx: int) -> int:
         """Pick from row ``idx`` and accept the pick (as generated)."""
-        if self.grammar is None:
-            return self.chain.sample(ctx, idx)  # one native call: chain apply + accept
+        if self.grammar is None and self.logits_processor is None:
+            self.last_token = tok = self.chain.sample(ctx, idx)  # one native call: chain apply + accept
+            return tok
         tok = self.sample_no_accept(ctx, idx)
         self.accept(tok, True)
         return tok
@@ -77,16 +96,21 @@ class TargetSampler:
     def accept(self, token: int, generated: bool = True) -> None:
         """``common_sampler_accept``: the grammar only sees generated tokens; the chain sees every token
         (:data:`GRAMMAR_END` is no token: nothing sees it)."""
+        self.last_token = token
         if token == GRAMMAR_END:
             return
+        if self.logits_processor is not None:
+            self.history.append(int(token))
         if generated and self.grammar is not None:
             self.grammar.accept(token)
         self.chain.accept(token)
 
     def accept_prompt(self, tokens: Sequence[int]) -> None:
         """llama-server's ``init_sampler``: prompt tokens go into the chain (penalty history), not the grammar.
-        Without penalties the chain keeps no history and nothing needs doing."""
-        if self._has_history:
+        Without penalties or DRY the chain keeps no history and nothing needs doing."""
+        if self.logits_processor is not None:
+            self.history.extend(int(t) for t in tokens)
+        if self._has_history and self.penalize_prompt:
             for t in tokens:
                 self.chain.accept(int(t))
 
@@ -94,7 +118,7 @@ class TargetSampler:
     def probs(self, ctx: "llama.Context", idx: int) -> tuple[np.ndarray, np.ndarray]:
         """The distribution :meth:`sample` draws from at row ``idx``, as ``(ids, p)`` (ids ascending, only
         ids with p > 0). Nothing is drawn: the samplers run on a clone. ``temp <= 0`` gives a point mass."""
-        logits = ctx.logits(idx)
+        logits = self._row(ctx, idx)
         cand = self._cand
         cand.fill(logits)
         ids_c, p_c = self._chain_dist(cand)
@@ -118,6 +142,14 @@ class TargetSampler:
             p = np.concatenate([p, p_rejected * p_g])
         return _by_id(ids, p)
 
+    def _row(self, ctx: "llama.Context", idx: int) -> np.ndarray:
+        """Row ``idx``'s logits, through the logits processor when there is one."""
+        logits = ctx.logits(idx)
+        if self.logits_processor is None:
+            return logits
+        out = self.logits_processor(np.asarray(self.history, dtype=np.intc), np.array(logits, dtype=np.single))
+        return np.asarray(out, dtype=np.single)
+
     def _chain_dist(self, cand: "llama.Candidates") -> tuple[np.ndarray, np.ndarray]:
         if self.params.greedy:
             tok = cand.apply_clone(self.chain)
@@ -129,9 +161,13 @@ class TargetSampler:
     def clone(self) -> "TargetSampler":
         chain = self.chain.clone()
         grammar = self.grammar.clone() if self.grammar is not None else None
-        return TargetSampler(self.vocab, self.params, _parts=(chain, grammar))
+        out = TargetSampler(self.vocab, self.params, _parts=(chain, grammar), logits_processor=self.logits_processor,
+                            penalize_prompt=self.penalize_prompt)
+        out.history = list(self.history)
+        return out
 
     def copy_from(self, other: "TargetSampler") -> None:
+        self.history = list(other.history)
         self.chain.copy_from(other.chain)
         if self.grammar is not None and other.grammar is not None:
             self.grammar.copy_from(other.grammar)

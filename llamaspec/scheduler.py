@@ -24,6 +24,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from .errors import LlamaSpecError
 from .memory import PromptCheckpoint
 from .request import Request, RequestState
 from .slot import FinishReason, GenerationStats, Slot, SlotState, progress_chunk
@@ -180,7 +181,8 @@ class Scheduler:
             self.rollback_tgt.prompt_checkpoint_pays(slot.n_prompt)
             or self.rollback_dft.prompt_checkpoint_pays(slot.n_prompt))
         slot.n_predict = req.n_predict
-        slot.stream = TextStream(req.stop)
+        slot.n_keep, slot.n_discard = getattr(req, "n_keep", 0), getattr(req, "n_discard", 0)
+        slot.stream = TextStream(req.stop, **(getattr(req, "text_limits", None) or {}))
         slot.state = SlotState.PROMPT
         slot.stats.n_prompt = slot.n_prompt
         slot.stats.n_cached = n_cached
@@ -206,9 +208,13 @@ class Scheduler:
         n = min(common_prefix(cached, req.prompt_tokens), len(req.prompt_tokens) - 1)  # >= 1 token to decode
         if n <= 0:
             return 0
-        rbs = [rb for rb in (self.rollback_tgt, self.rollback_dft) if rb.ctx is not None]
+        behind = slot.draft_behind  # a restored slot (llamaspec.slot_state): its draft memory is empty
+        rbs = [rb for rb in (self.rollback_tgt, self.rollback_dft) if rb.ctx is not None
+               and not (behind and rb is self.rollback_dft)]
         if all(rb.keep_prefix(slot.seq_id, n, len(cached)) for rb in rbs):
-            return n
+            return n if not behind or self._draft_catch_up(slot, n) else 0
+        if behind:
+            return 0
         ckpt = slot.prompt_ckpt
         m = len(ckpt.tokens) if ckpt is not None else 0
         if not 0 < m <= n or tuple(req.prompt_tokens[:m]) != ckpt.tokens:
@@ -221,6 +227,17 @@ class Scheduler:
                 self.chain.set_state(slot.seq_id, ckpt.data_spec)
         log.debug("slot %d: %d prompt tokens restored from its prompt checkpoint", slot.id, m)
         return m
+
+    def _draft_catch_up(self, slot: Slot, n: int) -> bool:
+        """A restored slot's draft memory is empty: decode the ``n`` kept tokens into it (the drafter that owns
+        the draft context does, in its own ids). False where none can (EAGLE-3 and MTP heads need the target's
+        features): the prompt is then decoded whole."""
+        slot.draft_behind = False
+        try:
+            return self.chain is not None and self.chain.redecode(slot.seq_id, slot.cached[:n], 0)
+        except LlamaSpecError as e:
+            log.warning("slot %d: the draft context could not catch up with the restored tokens (%s)", slot.id, e)
+            return False
 
     def save_prompt_checkpoint(self, slot: Slot) -> None:
         """After ``len(prompt) - 1`` prompt tokens: remember the memory for later requests (§7.6)."""
@@ -262,6 +279,7 @@ class Scheduler:
         slot.tokens = []
         slot.cached = []
         slot.prompt_ckpt = None
+        slot.draft_behind = False
         self._drop_sampler(slot)
 
     def retire(self, slot: Slot) -> None:
@@ -329,7 +347,7 @@ class Scheduler:
                 "prompt_tokens_total": t.n_prompt - t.n_cached,
                 "prompt_tokens_cached_total": t.n_cached,
                 "prompt_seconds_total": t.t_prompt_s,
-                "tokens_predicted_total": t.n_predicted,
+                "tokens_predicted_total": t.n_predicted + t.n_eog,  # llama-server counts the EOG token
                 "tokens_predicted_seconds_total": t.t_decode_s,
                 "spec_decode_num_draft_tokens_total": t.n_drafted,
                 "spec_decode_num_accepted_tokens_total": t.n_accepted,

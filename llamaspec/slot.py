@@ -44,6 +44,9 @@ class GenerationStats:
     #: prompt tokens reused from the slot's prompt cache (not decoded again)
     n_cached: int = 0
     n_predicted: int = 0
+    #: 1 when generation ended on an end-of-generation token: not output (``n_predicted`` leaves it out), but
+    #: sampled, and llama-server counts it in ``tokens_predicted`` / ``predicted_n`` / ``completion_tokens``
+    n_eog: int = 0
     t_prompt_s: float = 0.0
     t_decode_s: float = 0.0
     n_target_decodes: int = 0
@@ -191,6 +194,8 @@ class Slot:
         self.cached: list[int] = []
         #: state after all but the last token of the last prompt, where trimming cannot restore a prefix
         self.prompt_ckpt: PromptCheckpoint | None = None
+        #: the target memory holds ``cached`` but the draft memory nothing (a restored slot: llamaspec.slot_state)
+        self.draft_behind = False
         self.t_last = 0.0
         self.reset()
 
@@ -214,6 +219,8 @@ class Slot:
         self.sampled: int | None = None  # last token sampled by the target, not yet decoded
         self.generated: list[int] = []
         self.n_predict = -1
+        #: llama-server's ``n_keep`` / ``n_discard`` of a context shift (llamaspec.ctx_shift; -1: the whole prompt)
+        self.n_keep, self.n_discard = 0, 0
         self.sampling: llama.SamplingParams | None = None
         self.stream: TextStream | None = None
         self.finish_reason: FinishReason | None = None

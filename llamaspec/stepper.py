@@ -3,16 +3,21 @@
 :class:`Stepper` holds the step lock, the condition that wakes waiting consumers, and the optional background
 thread of a server. The Engine gives it its step function and asks it to run work now when no step is running
 (``run_now``: admission and cancels from ``submit`` / ``cancel``), to make progress for a request (``wait``),
-or to step in the background while there is work (``start`` / ``stop``).
+or to step in the background while there is work (``start`` / ``stop``). Native work a caller does outside a
+step (``submit`` tokenises and builds samplers) runs inside ``using`` (:func:`native_use`): ``close`` marks the
+engine closed, then waits for those calls, so it never frees a model under one and never misses a request
+queued by one.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
-__all__ = ["Stepper"]
+__all__ = ["Stepper", "native_use"]
 
 log = logging.getLogger("llamaspec")
 
@@ -30,6 +35,31 @@ class Stepper:
         self._wlock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = False
+        #: calls under way in ``using`` (close waits for them)
+        self._users = 0
+        self._ucv = threading.Condition()
+
+    @contextlib.contextmanager
+    def using(self, check_open: Callable[[], None]) -> Iterator[None]:
+        """Native work outside a step: ``check_open()`` (it raises once :meth:`close` began), then the work,
+        which :meth:`close` waits for."""
+        with self._ucv:
+            check_open()
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._ucv:
+                self._users -= 1
+                self._ucv.notify_all()
+
+    def close(self, mark_closed: Callable[[], None]) -> None:
+        """Stop the background thread, ``mark_closed()`` (no new ``using``), wait for the calls under way."""
+        if self.has_thread:
+            self.stop()
+        with self._ucv:
+            mark_closed()
+            self._ucv.wait_for(lambda: self._users == 0)
 
     def notify(self) -> None:
         """After a step (or work done in place of one): wake the idle engine thread, and each waiter whose
@@ -131,3 +161,14 @@ class Stepper:
             except Exception:  # noqa: BLE001 - an engine thread must not die; step confines errors to slots
                 log.exception("engine step failed")
                 time.sleep(0.01)
+
+
+def native_use(method):
+    """An Engine method that does native work outside a step (see :meth:`Stepper.using`)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._stepper.using(self._check_open):
+            return method(self, *args, **kwargs)
+
+    return run

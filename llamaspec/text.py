@@ -13,17 +13,27 @@ final: complete characters that cannot become part of a stop string.
 from __future__ import annotations
 
 import codecs
+import time
 from typing import Sequence
 
 
 class TextStream:
-    def __init__(self, stop: Sequence[str] = ()):  # noqa: D107
+    """See the module docstring. ``n_indent`` and ``t_max_predict_ms`` are llama-server's line limits (for
+    FIM): a line indented less than ``n_indent`` ends the text before its first character, and once
+    ``t_max_predict_ms`` have passed since the first token the next token with a newline ends it; either
+    sets :attr:`limited` (a ``length`` finish, not a stop string)."""
+
+    def __init__(self, stop: Sequence[str] = (), *, n_indent: int = 0, t_max_predict_ms: int = 0):  # noqa: D107
         self.stop = [s for s in stop if s]
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # decoded text not yet released (could start a stop string)
         self._parts: list[str] = []  # released text, joined when read (no quadratic concatenation)
         self.stopped = False
+        self.limited = False
         self.stop_string: str | None = None
+        self.n_indent, self.t_max_predict_ms = n_indent, t_max_predict_ms
+        self._lines = n_indent > 0 or t_max_predict_ms > 0
+        self._has_new_line, self._last_nl, self._t0 = False, 0, None
 
     @property
     def text(self) -> str:
@@ -36,8 +46,39 @@ class TextStream:
         """Add one token's bytes; return the text that became final (may be empty)."""
         if self.stopped:
             return ""
-        self._pending += self._dec.decode(piece)
-        return self._release(final=False)
+        new = self._dec.decode(piece)
+        self._pending += new
+        out = self._release(final=False)
+        if self._lines and not self.stopped:
+            self._line_limits(new)
+        return out if not self.limited else ""
+
+    def _line_limits(self, new: str) -> None:
+        """llama-server's order: the indentation of the line after the last newline seen, then the time limit
+        on a token with a newline."""
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        if self._has_new_line and self.n_indent > 0:
+            full = self.text + self._pending
+            if self._last_nl > 0:
+                pos = self._last_nl
+                while pos < len(full) and full[pos] in " \t":
+                    pos += 1
+                if pos < len(full) and pos - self._last_nl < self.n_indent:
+                    self._cut(full[:pos])
+                    return
+            nl = full.find("\n", self._last_nl)
+            if nl >= 0:
+                self._last_nl = nl + 1
+        if "\n" in new:
+            self._has_new_line = True
+            if self.t_max_predict_ms > 0 and (time.perf_counter() - self._t0) * 1e3 > self.t_max_predict_ms:
+                self._cut(self.text + self._pending)
+
+    def _cut(self, text: str) -> None:
+        self._parts[:] = [text]
+        self._pending = ""
+        self.stopped = self.limited = True
 
     def flush(self) -> str:
         """End of generation: release everything still held back (no stop string matched)."""

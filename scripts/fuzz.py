@@ -5,7 +5,10 @@
     python scripts/fuzz.py server --seed 1234     # the server, reproducibly
 
 The suite runs the same properties on a few dozen fixed examples; this runs them on ``-n`` random ones
-(``LLAMASPEC_FUZZ_EXAMPLES``). A failure prints Hypothesis's shrunk example and, to replay it exactly,
+(``LLAMASPEC_FUZZ_EXAMPLES``; the threaded engine property, which builds an engine per example, on ``-n``/10).
+Among them: clients that disconnect at random points (before the body, while the prompt waits or is
+processed, mid-stream) and threads racing ``submit`` / ``cancel`` / ``Engine.close()``. The load & fault run
+against a real server process is ``scripts/load_faults.py``. A failure prints Hypothesis's shrunk example and, to replay it exactly,
 ``--seed``; fix the bug, add a focused regression test, and rerun with that seed.
 """
 from __future__ import annotations

@@ -121,3 +121,57 @@ def test_a_memory_that_cannot_shift_turns_it_off(tiny_model, caplog):
             req, res = _run(eng, 400)
     assert "context shift is not available" in caplog.text
     assert len(PROMPT) + len(res.tokens) == N_CTX and req.truncated
+
+
+# -- per-request n_keep / n_discard (llama-server's fields) ------------------------------------------------
+KEEP_DISCARD = [(5, 0), (0, 40), (-1, 100), (3, 500)]
+
+
+def test_keep_discard_takes_the_requests_values():
+    assert keep_discard(255, 256, add_bos=False, n_keep=5) == (5, 125)
+    assert keep_discard(255, 256, add_bos=False, n_discard=40) == (0, 40)
+    assert keep_discard(255, 256, add_bos=True, n_keep=-1, n_prompt=10) == (11, 122)  # -1: the prompt (+ BOS)
+    assert keep_discard(255, 256, add_bos=False, n_keep=3, n_discard=500) == (3, 251)  # all but one of the rest
+
+
+@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+def test_request_n_keep_and_n_discard_give_llama_servers_tokens(tiny_model):
+    """llama-server --context-shift with a request's ``n_keep`` / ``n_discard``: the same greedy tokens from
+    the engine and from ``llamaspec serve``'s /completion (which reports them in ``generation_settings``)."""
+    from starlette.testclient import TestClient
+
+    from llamaspec.server.app import ServerConfig, ServerState, create_app
+
+    path = tiny_model("llama")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent / "lib"))
+    proc = subprocess.Popen([str(NATIVE / "llama-server"), "-m", str(path), "--port", str(port), "-c", str(N_CTX),
+                             "-np", "1", "-t", "1", "-fa", "off", "-ctk", "f32", "-ctv", "f32", "--no-warmup",
+                             "--context-shift"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    nat = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_native_server(proc, url, 300)
+        for k, d in KEEP_DISCARD:
+            body = json.dumps({"prompt": PROMPT, "n_predict": 400, "temperature": 0, "return_tokens": True,
+                               "n_keep": k, "n_discard": d}).encode()
+            with urllib.request.urlopen(urllib.request.Request(url + "/completion", body), timeout=300) as r:
+                nat.append(json.load(r)["tokens"])
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    with Engine(path, n_ctx=N_CTX, context_shift=True, **EXACT) as eng:
+        ours = [eng.submit(PROMPT, n_predict=400, n_keep=k, n_discard=d).result().tokens for k, d in KEEP_DISCARD]
+        with TestClient(create_app(ServerState(ServerConfig(model_id="tiny"), engine=eng))) as c:
+            r = c.post("/completion", json={"prompt": PROMPT, "n_predict": 400, "temperature": 0, "return_tokens": True,
+                                            "n_keep": 5, "n_discard": 0})
+            assert r.json()["tokens"] == ours[0] and r.json()["truncated"]
+            assert r.json()["generation_settings"]["n_keep"] == 5
+            for bad in ({"n_keep": -2}, {"n_discard": -1}, {"n_keep": "x"}):
+                r = c.post("/completion", json={"prompt": PROMPT, "n_predict": 1, **bad})
+                assert r.status_code == 400 and next(iter(bad)) in r.json()["error"]["message"]
+    assert len({tuple(t) for t in ours}) == len(ours)  # each setting shifts differently
+    for (k, d), a, b in zip(KEEP_DISCARD, ours, nat):
+        assert a == b, (k, d)

@@ -13,17 +13,20 @@ MODULES = [
     "llamaspec.stats",
     "llamaspec.probe",
     "llamaspec._llama",
+    "llamaspec._llama.grammar_limits",
     "llamaspec.drafters.base",
     "llamaspec.drafters.draft_model",
     "llamaspec.drafters.ngram_lookup",
     "llamaspec.drafters.ngram_pool",
     "llamaspec.server.tenant",
     "llamaspec.server.tools",
+    "llamaspec.server.pythonic",
     "llamaspec.auto",
     "llamaspec.adaptive",
     "llamaspec.bench.modes",
     "llamaspec.cli.generate",
     "llamaspec.scheduler",
+    "llamaspec.slot_file",
 ]
 
 

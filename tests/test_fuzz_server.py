@@ -307,6 +307,26 @@ def test_lone_surrogates(app, route, value, where):
     check_idle(app)
 
 
+#: grammars and JSON schemas that cost the process before they were bounded (llamaspec._llama.grammar_limits)
+COSTLY = [({"grammar": "root ::= " + "(" * 20000 + '"a"' + ")" * 20000}, "20000 groups"),  # was: a segfault
+          ({"json_schema": {"type": "array", "minItems": 10 ** 9, "items": {"type": "integer"}}}, "minItems"),  # OOM
+          ({"json_schema": {"type": "string", "minLength": 10 ** 8}}, "minLength"),  # 20 s and 500 MB
+          ({"json_schema": {"type": "string", "pattern": "^a{1000000}$"}}, "repeats"),
+          ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {
+              f"p{i}": {"type": "string", "minLength": 1500} for i in range(80)}}}}}, "expand")]
+
+
+@pytest.mark.parametrize("extra,words", COSTLY, ids=[w for _, w in COSTLY])
+def test_grammars_that_would_cost_the_process_are_refused(app, extra, words):
+    route = "/v1/chat/completions" if "response_format" in extra else "/completion"
+    body = {**BASE[route], **extra}
+    t0 = time.monotonic()
+    r = post(app, route, json.dumps(body).encode())
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text[:300]
+    assert time.monotonic() - t0 < 5
+    check_idle(app)
+
+
 def test_no_infill_route(app):
     """No ``/infill`` (no fill-in-the-middle): a 404 in the error shape, not a 500."""
     r = post(app, "/infill", b'{"input_prefix": "a", "input_suffix": "b"}')
@@ -324,4 +344,79 @@ def test_an_error_before_the_response_owns_the_generations_releases_them(app, mo
     monkeypatch.setattr(routes, "NativeRenderer", broken)
     r = post(app, "/completion", b'{"prompt": [1, 2, 3], "n_predict": 200}')
     assert r.status_code == 500 and "renderer failed" in r.json()["error"]["message"]
+    check_idle(app)
+
+
+# ------------------------------------------------------------------------------------------- disconnects
+GEN_ROUTES = ["/completion", "/v1/completions", "/v1/chat/completions", "/v1/responses"]
+
+
+async def _asgi(app, route: str, body: bytes, when: tuple[str, float]) -> list[dict]:
+    """POST ``body`` to the ASGI ``app`` and go away ``when``: ("body", _) before the body arrived, ("time", s)
+    ``s`` seconds after sending it, ("sent", k) once the app sent ``k`` body messages, ("never", _) not at
+    all. The messages the app sent."""
+    import asyncio
+
+    sent: list[dict] = []
+    gone = asyncio.Event()
+    first = True
+
+    async def receive() -> dict:
+        nonlocal first
+        if first and when[0] != "body":
+            first = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        if when[0] == "time":
+            try:
+                await asyncio.wait_for(gone.wait(), when[1])
+            except asyncio.TimeoutError:
+                pass
+        elif when[0] != "body":
+            await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(msg: dict) -> None:
+        sent.append(msg)
+        if when[0] == "sent" and sum(m["type"] == "http.response.body" for m in sent) >= when[1]:
+            gone.set()
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": route, "raw_path": route.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"host", b"testserver"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
+    await asyncio.wait_for(app(scope, receive, send), TIMEOUT)
+    return sent
+
+
+#: valid fields a disconnecting request may carry (each changes what is running when the client goes away)
+DISCONNECT_FIELDS = ["temperature", "top_k", "stop", "seed", "n_probs", "grammar", "speculative", "id_slot",
+                     "cache_prompt", "ignore_eos", "return_progress", "timings_per_token"]
+disconnect_points = st.one_of(st.tuples(st.just("body"), st.just(0.0)), st.tuples(st.just("time"), st.floats(0, 0.3)),
+                              st.tuples(st.just("sent"), st.integers(1, 6)), st.tuples(st.just("never"), st.just(0.0)))
+
+
+@FUZZ
+@given(data=st.data(), route=st.sampled_from(GEN_ROUTES), when=disconnect_points, stream=st.booleans(),
+       n_predict=st.sampled_from([1, 8, 64, 250]), n=st.sampled_from([1, 1, 2]))
+def test_client_disconnects(app, data, route, when, stream, n_predict, n):
+    """A client that goes away at any point (before its body arrived, while its prompt waits or is
+    processed, after some of its stream): the app returns, never starts a 500, and nothing is left running
+    (its generations cancelled, their admission released)."""
+    import asyncio
+
+    fields = data.draw(st.lists(st.sampled_from(DISCONNECT_FIELDS), unique=True, max_size=3), label="fields")
+    body = {**BASE[route], **{k: data.draw(SAMPLING[k], label=k) for k in fields}, "stream": stream, "n": n}
+    if route in ("/completion", "/v1/completions") and data.draw(st.booleans(), label="long prompt"):
+        body["prompt"] = data.draw(st.lists(st.integers(0, 63), min_size=60, max_size=120), label="prompt")
+    body["max_output_tokens" if route == "/v1/responses" else "max_tokens" if route != "/completion" else "n_predict"] = n_predict
+    client, _, pool = app
+    fut = pool.submit(asyncio.run, _asgi(client.app, route, json.dumps(body).encode(), when))
+    try:
+        sent = fut.result(timeout=TIMEOUT + 5)
+    except (cf.TimeoutError, asyncio.TimeoutError):
+        pytest.fail(f"the app did not return within {TIMEOUT} s after a disconnect ({when}): {json.dumps(body)[:300]}")
+    starts = [m for m in sent if m["type"] == "http.response.start"]
+    event(f"{route} {when[0]} -> {starts[0]['status'] if starts else 'no answer'}")
+    assert not starts or starts[0]["status"] < 500, (starts[0]["status"], sent[-1:], body)
     check_idle(app)

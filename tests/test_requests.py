@@ -205,6 +205,46 @@ def test_a_failing_decode_fails_one_slot(tiny_model, lone, monkeypatch, sticky):
         assert res[0].tokens == lone("llama", 0)
 
 
+@pytest.mark.parametrize("where", ["decode", "draft"])
+def test_a_one_off_failure_with_a_lagging_draft_memory_changes_nothing(tiny_model, lone, monkeypatch, where):
+    """Draft-KV reuse leaves the draft memory of a slot that does not draft behind its tokens (the next draft
+    catches up). After a one-off failed batched decode (or draft) every slot is put back and retried alone:
+    a lagging draft memory is a valid state there, not "memory could not be restored" (it failed the slot)."""
+    from llamaspec.params import RequestSpec
+
+    sp = spec(4)
+    sp.add_types("draft-simple")
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=sp, n_ctx=256, n_parallel=3,
+                **EXACT) as e:
+        real_decode, state = L.Context.decode, {"n": 0}
+
+        def decode(self, rows, **kw):
+            if where == "decode" and self is e.ctx and len({r.seq_id for r in rows}) == 3:
+                state["n"] += 1
+                if state["n"] == 4:
+                    raise DecodeError("injected decode failure")
+            return real_decode(self, rows, **kw)
+
+        monkeypatch.setattr(L.Context, "decode", decode)
+        if where == "draft":
+            chain_draft = type(e.chain).draft
+
+            def draft(self, *a, **kw):
+                state["n"] += 1
+                if state["n"] == 1:  # the first draft: no slot's prompt is in the draft memory yet
+                    raise RuntimeError("injected draft failure")
+                return chain_draft(self, *a, **kw)
+
+            monkeypatch.setattr(type(e.chain), "draft", draft)
+        reqs = [e.submit(PROMPTS[0], n_predict=N, speculative=RequestSpec(n_max=0)),  # never drafts
+                e.submit(PROMPTS[1], n_predict=N), e.submit(PROMPTS[2], n_predict=N)]
+        res = [r.result() for r in reqs]
+        monkeypatch.undo()
+        assert state["n"] >= 4, "the failure was not injected"  # (a decode of the 3 slots, or a draft)
+    assert [r.error for r in res] == [None, None, None]
+    assert [r.tokens for r in res] == [lone("llama", 0), lone("llama", 1), lone("llama", 2)]
+
+
 def test_generate_raises_the_request_error(tiny_model, monkeypatch):
     with Engine(tiny_model("llama"), n_ctx=256) as e:
         monkeypatch.setattr(L.Sampler, "sample", lambda self, ctx, idx: (_ for _ in ()).throw(RuntimeError("boom")))

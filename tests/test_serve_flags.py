@@ -96,7 +96,8 @@ def test_every_flag_is_accepted():
                "--alias": ["x"], "--api-key-file": [], "--chat-template-file": [], "--ssl-key-file": [],
                "--ssl-cert-file": [], "--chat-template": ["chatml"], "--lookup-cache-static": [],
                "--lookup-cache-dynamic": [], "--rpc": [], "--spec-draft-ngl": [], "--spec-draft-n-min": ["0"],
-               "--parallel": ["2"], "--host": ["127.0.0.1"], "--port": ["8080"], "--seed": ["1"]}
+               "--parallel": ["2"], "--host": ["127.0.0.1"], "--port": ["8080"], "--seed": ["1"],
+               "--samplers": ["top_k;temperature"], "--sampler-seq": ["kt"], "--adaptive-decay": ["0.5"]}
     argv: list[str] = []
     ignored = 0
     for f in FLAGS:

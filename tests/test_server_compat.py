@@ -241,7 +241,8 @@ def test_responses_stream_events(client):
 @pytest.mark.parametrize("body,what", [
     ({}, "'input' is required"),
     ({"input": 5}, "'input'"),
-    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c"}]}, "tool calls"),
+    ({"input": [{"type": "custom_tool_call", "name": "f", "input": "x", "call_id": "c"}]}, "function tools"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text-only"),
     ({"input": [{"role": "robot", "content": "x"}]}, "role"),
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),

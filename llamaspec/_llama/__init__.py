@@ -8,9 +8,10 @@ raises :class:`~llamaspec.errors.LlamaSpecError` instead of handing a NULL point
 * :mod:`.log` - backend start-up, llama.cpp's log lines routed into ``logging``
 * :mod:`.model` - :class:`Model`, :class:`Vocab` (and the lifetime rules between the wrappers)
 * :mod:`.context` - :class:`Context`, :class:`Row`, :class:`Memory`, :func:`output_limits`, :func:`chunks`
-* :mod:`.sampler` - :class:`SamplingParams`, :class:`Sampler`
+* :mod:`.sampler` - :class:`SamplingParams`, :class:`Sampler`; :mod:`.sampler_chain` - llama.cpp's sampler order
 * :mod:`.staging` - the staging (``llama-ext.h``) symbols, bound by exported name
 * :mod:`.json_schema` - :func:`json_schema_to_grammar` (JSON schema -> GBNF, llama-cpp-python's converter)
+* :mod:`.state_file` - sequence-state files (llama-server's slot files)
 * :mod:`.rpc` - llama.cpp's RPC backend (``ggml-rpc-server`` devices for model loading), bound by name
 
 Callers use the package as one namespace (``from llamaspec import _llama as llama; llama.Context(...)``). Chat
@@ -39,12 +40,17 @@ from .json_schema import json_schema_to_grammar
 from .log import LLAMA_CPP_PYTHON_VERSION, backend_init, system_info
 from .model import TOKEN_NULL, Model, Vocab, render_builtin_chat_template
 from .sampler import DEFAULT_SEED, Candidates, Sampler, SamplingParams
+from .sampler_chain import DEFAULT_ORDER as SAMPLER_ORDER, picks_in_chain, sampler_order
 from .staging import model_target_layer_ids, staging
+from .state_file import seq_load_file, seq_save_file
 from . import rpc
 
 __all__ = [
     "CONTEXT_TYPE_DEFAULT",
     "Candidates",
+    "SAMPLER_ORDER",
+    "picks_in_chain",
+    "sampler_order",
     "CONTEXT_TYPE_MTP",
     "DEFAULT_SEED",
     "GGML_TYPE_F16",
@@ -71,6 +77,8 @@ __all__ = [
     "output_limits",
     "render_builtin_chat_template",
     "rpc",
+    "seq_load_file",
+    "seq_save_file",
     "staging",
     "system_info",
 ]

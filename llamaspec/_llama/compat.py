@@ -18,7 +18,7 @@ from .model import Model
 __all__ = [
     "JSON_GBNF", "LlamaDraftModel", "LlamaGrammar", "LlamaPromptLookupDecoding", "chat_handler_for",
     "grammar_text", "guess_chat_format", "jinja_chat_handler", "json_schema_grammar", "metadata",
-    "special_tokens", "GGML_TYPE_F16", "GGML_TYPE_F32", "split_mode_name", "DEFAULT_SEED",
+    "special_tokens", "model_kind", "fim_tokens", "GGML_TYPE_F16", "GGML_TYPE_F32", "split_mode_name", "DEFAULT_SEED",
 ]
 
 GGML_TYPE_F32 = 0
@@ -55,6 +55,18 @@ def special_tokens(model: Model) -> dict[str, int]:
     v = model.vocab.ptr
     return {"sep": int(native.llama_vocab_sep(v)),
             "nl": int(native.llama_vocab_nl(v))}
+
+
+def model_kind(model: Model) -> tuple[bool, bool]:
+    """``(recurrent, hybrid)``: llama.cpp's ``llama_model_is_recurrent`` / ``llama_model_is_hybrid``."""
+    ptr = model.live_ptr()
+    return bool(native.llama_model_is_recurrent(ptr)), bool(native.llama_model_is_hybrid(ptr))
+
+
+def fim_tokens(model: Model) -> tuple[int, int, int]:
+    """``(prefix, suffix, middle)`` fill-in-the-middle token ids of ``model`` (-1 where it has none)."""
+    v = model.vocab.ptr
+    return int(native.llama_vocab_fim_pre(v)), int(native.llama_vocab_fim_suf(v)), int(native.llama_vocab_fim_mid(v))
 
 
 def split_mode_name(value: int) -> str:

@@ -15,6 +15,8 @@ from typing import Any
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+from .grammar_limits import check_schema
+
 __all__ = ["json_schema_to_grammar"]
 
 
@@ -22,6 +24,7 @@ def json_schema_to_grammar(schema: Any) -> str:
     """The GBNF grammar of ``schema`` (a JSON object); :class:`ValueError` saying what is wrong with it."""
     if not isinstance(schema, dict):
         raise ValueError(f"a JSON schema is an object, got {type(schema).__name__}")
+    check_schema(schema)  # the converter writes every repetition out: a huge count would cost the process
     try:
         return json_schema_to_gbnf(json.dumps(schema))
     except RecursionError:

@@ -30,13 +30,17 @@ class _LogRouter:
 
     llama.cpp logs in fragments (level CONT = 5 continues the previous line); fragments are joined until a
     newline. The last few WARNING/ERROR lines are kept so that a failed load can say *why* it failed.
+
+    The callback can run inside itself on one thread: any allocation in it may start the garbage collector,
+    whose finalizers (an unclosed ``Llama``, a context) free native objects that log. The lock is therefore
+    re-entrant, and lines are handed to ``logging`` after it is released.
     """
 
     def __init__(self) -> None:
         self._buf = ""
         self._level = logging.INFO
         self.recent_errors: list[str] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
         @native.llama_log_callback
         def _cb(level: int, text: bytes, user_data) -> None:  # pragma: no cover - called from C
@@ -48,22 +52,25 @@ class _LogRouter:
         self.callback = _cb
 
     def feed(self, level: int, text: str) -> None:
+        lines = []
         with self._lock:
             if level != _GGML_LOG_CONT:
                 self._level = _GGML_LEVELS.get(level, logging.DEBUG)
             self._buf += text
             while "\n" in self._buf:
                 line, self._buf = self._buf.split("\n", 1)
-                self._emit(line)
+                if line.strip():
+                    lines.append((self._level, line))
+                    if self._level >= logging.WARNING:
+                        self.recent_errors.append(line.strip())
+                        del self.recent_errors[:-8]
+        for lvl, line in lines:
+            self._emit(lvl, line)
 
-    def _emit(self, line: str) -> None:
-        if not line.strip():
-            return
-        if self._level >= logging.WARNING:
-            self.recent_errors.append(line.strip())
-            del self.recent_errors[:-8]
-        if _native_log.isEnabledFor(self._level):
-            _native_log.log(self._level, "%s", line)
+    @staticmethod
+    def _emit(level: int, line: str) -> None:
+        if _native_log.isEnabledFor(level):
+            _native_log.log(level, "%s", line)
 
     def take_errors(self) -> list[str]:
         with self._lock:

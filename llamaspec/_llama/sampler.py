@@ -9,8 +9,10 @@ from llama_cpp import llama_cpp as native
 
 from ..errors import LlamaSpecError, SamplerError, UsageError
 from .context import Context
+from .grammar_limits import check_gbnf
 from .log import _last_native_error
 from .model import Model, Vocab, _Owned
+from .sampler_chain import chain_samplers
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: "pick a random seed"
 
@@ -35,6 +37,26 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     #: never end on an end-of-generation token (a ``-inf`` bias on every EOG token, as llama-server does)
     ignore_eos: bool = False
+    # llama.cpp's other samplers (common_params_sampling names and defaults; neutral values do nothing)
+    typ_p: float = 1.0
+    min_keep: int = 0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.9
+    #: the sampler order (llamaspec._llama.sampler_chain names); None = llama.cpp's default order
+    samplers: tuple[str, ...] | None = None
 
     @property
     def greedy(self) -> bool:
@@ -56,6 +78,16 @@ class SamplingParams:
             raise UsageError(f"seed must be in [0, 4294967295], got {self.seed}")
         if self.temp != self.temp:  # NaN
             raise UsageError("temperature must be a number")
+        if self.mirostat not in (0, 1, 2):
+            raise UsageError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat}")
+        if self.min_keep < 0 or self.dry_allowed_length < 0 or self.dry_penalty_last_n < 0:
+            raise UsageError("min-keep, dry-allowed-length and dry-penalty-last-n must be >= 0")
+        if not 0.0 <= self.xtc_probability <= 1.0:
+            raise UsageError(f"xtc-probability must be in [0, 1], got {self.xtc_probability}")
+        if self.samplers is not None:
+            from .sampler_chain import sampler_order
+
+            self.samplers = sampler_order(self.samplers)
         for tok, bias in self.logit_bias:
             if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
                 raise UsageError(f"logit-bias: token ids are integers >= 0, got {tok!r}")
@@ -77,11 +109,20 @@ def _logit_biases(vocab: Vocab, params: SamplingParams) -> list[tuple[int, float
     return sorted(out.items())
 
 
+def _check_grammar(text: str) -> None:
+    """A grammar llama.cpp's recursive parser could not take without overflowing its stack: SamplerError."""
+    try:
+        check_gbnf(text)
+    except ValueError as e:
+        raise SamplerError(f"grammar refused: {e}") from None
+
+
 class Sampler(_Owned):
     """An owning llama.cpp sampler chain built from :class:`SamplingParams`.
 
-    Chain order follows llama.cpp's common sampler: [grammar] -> [logit bias] -> penalties -> top-k -> top-p -> min-p ->
-    temperature -> dist (or greedy when ``temp <= 0``). ``sample`` accepts the sampled token into the chain
+    Chain order follows llama.cpp's common sampler: [grammar] -> [logit bias] -> the samplers of
+    :mod:`.sampler_chain` (penalties -> DRY -> top-n-sigma -> top-k -> typical -> top-p -> min-p -> XTC ->
+    temperature by default, or mirostat) -> dist (or greedy when ``temp <= 0``). ``sample`` accepts the sampled token into the chain
     (``llama_sampler_sample`` does so itself).
 
     A grammar sampler reads its model's vocabulary natively, so it keeps (and acquires) the model.
@@ -101,6 +142,7 @@ class Sampler(_Owned):
     def grammar_only(cls, vocab: Vocab, params: SamplingParams) -> "Sampler":
         """The grammar of ``params`` alone (llama.cpp's ``common_sampler`` keeps it apart from the chain)."""
         model = vocab.model  # raises when the model is closed
+        _check_grammar(params.grammar or "")
         ptr = native.llama_sampler_init_grammar(
             vocab.ptr, (params.grammar or "").encode("utf-8"), params.grammar_root.encode("utf-8")
         )
@@ -118,6 +160,7 @@ class Sampler(_Owned):
         chain = native.llama_sampler_chain_init(native.llama_sampler_chain_default_params())
         add = lambda s: native.llama_sampler_chain_add(chain, s)  # noqa: E731
         if use_grammar:
+            _check_grammar(params.grammar)
             grammar = native.llama_sampler_init_grammar(
                 vocab.ptr, params.grammar.encode("utf-8"), params.grammar_root.encode("utf-8")
             )
@@ -130,19 +173,8 @@ class Sampler(_Owned):
         if biases:
             arr = (native.llama_logit_bias * len(biases))(*[native.llama_logit_bias(t, b) for t, b in biases])
             add(native.llama_sampler_init_logit_bias(vocab.n_tokens, len(biases), arr))
-        if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
-            add(native.llama_sampler_init_penalties(vocab.n_tokens, params.repeat_last_n, params.repeat_penalty, params.frequency_penalty, params.presence_penalty))
-        if params.greedy:
-            add(native.llama_sampler_init_greedy())
-        else:
-            if params.top_k > 0:
-                add(native.llama_sampler_init_top_k(params.top_k))
-            if params.top_p < 1.0:
-                add(native.llama_sampler_init_top_p(params.top_p, 1))
-            if params.min_p > 0.0:
-                add(native.llama_sampler_init_min_p(params.min_p, 1))
-            add(native.llama_sampler_init_temp(params.temp))
-            add(native.llama_sampler_init_dist(params.seed))
+        for smpl in chain_samplers(vocab, params):
+            add(smpl)
         return cls(chain, params, model=model)
 
     def live_ptr(self):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import weakref
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 from llama_cpp import llama_cpp as native
 
@@ -26,6 +26,22 @@ def utf8(text: str) -> bytes:
     except UnicodeEncodeError as e:
         raise UsageError(f"the text has a lone surrogate {text[e.start]!r} at character {e.start}, which UTF-8 "
                          "cannot encode (an unpaired \\uD800-\\uDFFF escape in JSON?): send valid Unicode text") from None
+
+
+class FimTokens(NamedTuple):
+    """A model's fill-in-the-middle tokens (llama.cpp's ``llama_vocab_fim_*``); -1 where it has none."""
+
+    pre: int
+    suf: int
+    mid: int
+    pad: int
+    rep: int
+    sep: int
+
+    @property
+    def missing(self) -> list[str]:
+        """Which of prefix, suffix and middle (what an infill prompt needs) the model lacks."""
+        return [name for name, t in (("prefix", self.pre), ("suffix", self.suf), ("middle", self.mid)) if t < 0]
 
 
 class ModelLike(Protocol):
@@ -76,6 +92,12 @@ class Vocab:
 
     def _closed(self) -> LlamaSpecError:
         return LlamaSpecError(f"model {self._model_name} is closed: its vocabulary can no longer be used")
+
+    @property
+    def fim(self) -> FimTokens:
+        """The fill-in-the-middle tokens (from the GGUF's metadata, or found by llama.cpp by their text)."""
+        ptr = self.ptr
+        return FimTokens(*(int(getattr(native, f"llama_vocab_fim_{k}")(ptr)) for k in FimTokens._fields))
 
     @property
     def suppress_tokens(self) -> list[int]:

@@ -1,178 +1,118 @@
-"""Trace benchmark (issue 25): multi-turn sessions replayed against running servers over HTTP, tokens/s per trace.
+"""Trace benchmark (issue 25, ``llamaspec bench --trace``): multi-turn sessions replayed against running
+servers over HTTP, tokens/s per trace and server setting.
 
-Real traffic repeats itself across requests; these traces do, as an agent or a chat client would:
+The sessions (edit loop, chat with regenerate, shared document, ``n = 4``, free text) are in
+:mod:`.trace_sessions`; the summary and the markdown in :mod:`.trace_report`.
 
-* ``edit-loop``: a file edited turn after turn; each turn's prompt holds the previous turn's output (the
-  file as it now is) plus the next instruction.
-* ``chat-regenerate``: a chat where the user presses "regenerate" (the same prompt again) and goes on with
-  a follow-up that quotes the answer, regenerated once more.
-* ``shared-doc``: several clients at once, each asking its own questions about one shared document.
-* ``n4``: one prompt, four sampled choices at once (temperature 0.8, four seeds: ``n = 4`` as the server
-  fans it out).
-* ``free``: distinct prompts that share nothing (the check that the pool costs nothing where it cannot help).
+**Schedule.** With ``restart="trace"`` (the default) every (repeat, trace, variant) runs on a freshly started
+server: no pool, prompt cache or n-gram state is carried from another trace or repeat. For each trace the
+variants run back to back, in forward order on even repeats and reversed on odd ones (A B C, C B A), so slow
+drift of a shared machine hits every variant of a trace alike. ``restart="server"``: one start per (repeat,
+variant), the traces in order on it (what a long-running server sees). A short warm-up request follows each
+start. Tokens/s of a trace = generated tokens (``timings.predicted_n``) over its wall time, the requests of a
+turn sent concurrently where the trace says so. Greedy except ``n4``; ``cache_prompt`` on (as clients use
+servers).
 
-Each (repeat, server, trace) runs on a freshly started server by default (``restart="trace"``: no pool, prompt
-cache or n-gram state carried from another trace or repeat; ``"server"``: one start per repeat and server,
-traces in order); servers alternate their order per repeat. A short warm-up request follows each start.
-Tokens/s of a trace = generated tokens (``timings.predicted_n``) over its wall time, requests of a turn sent
-concurrently where the trace says so. Greedy except ``n4``; ``cache_prompt`` on (as clients use servers).
-
-Servers (``--servers``): ``pool`` (``llamaspec serve`` defaults: auto with the shared pool), ``nopool``
-(``--spec-pool-tokens 0``), ``plain`` (llamaspec ``--spec-type none``), ``native-default`` (llama-server
-``--spec-default``), ``native-plain`` (llama-server without speculation); native ones are skipped when the
-binary is missing.
-
-    python scripts/bench_trace.py -m gemma3-270m-f32 --repeats 2 --json out.json --markdown out.md
+**Variants** (``--trace-variants``), each a server and its speculation flags (:data:`VARIANTS`):
+``ls-plain`` (``llamaspec serve --spec-type none``), ``ls-defaults`` (its defaults without a draft model:
+``auto``, the request's own n-grams plus the shared pool), ``ls-nopool`` (the same, ``--spec-pool-tokens 0``),
+``native-plain`` (llama-server without speculation), ``native-spec-default`` (``--spec-default``) and
+``native-ngram-mod`` (``--spec-type ngram-mod`` at the sample settings of llama.cpp's docs/speculative.md,
+n_match 24, n_min 48, n_max 64 -- the values ``--spec-default`` sets too, so these two rows are one setting
+measured twice); ``native-ngram-mod:M:MIN:MAX`` sets other values (the docs suggest lower n_min / n_max for
+dense models). Native variants are skipped when the binary is missing.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import os
-import statistics
 import sys
 import tempfile
 import threading
 import time
 import urllib.error
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
-from ..errors import LlamaSpecError
+from ..errors import LlamaSpecError, UsageError
 from .native import LOOPBACK, SERVER, _http, find_tool
 from .server_mode import HttpServer
+from .trace_sessions import FREE, SCALE, TRACES, Step, chat, requests_per_trace
 
-__all__ = ["TRACES", "SERVERS", "TraceConfig", "run_traces", "render_markdown", "main"]
+__all__ = ["VARIANTS", "DEFAULT_VARIANTS", "TraceConfig", "TraceVariant", "parse_variants", "plan", "run_traces"]
 
-DOC = """The Harbour Street Library opens at nine in the morning from Monday to Saturday and closes at six in the \
-evening, except on Thursdays, when it stays open until eight. On Sundays it is closed. Members may borrow up to \
-twelve items at a time: books for three weeks, films and music for one week. A loan can be renewed twice, online or \
-at the desk, unless another member has reserved the item. Late returns cost twenty cents per day for books and fifty \
-cents per day for films, up to a maximum of five euros per item. Children under fourteen pay no late fees. The \
-reading room on the first floor is a quiet zone: phone calls are not allowed there, and laptops must be muted. \
-Group study rooms on the second floor can be booked for up to three hours per day, at most one week in advance. \
-Printing costs ten cents per black-and-white page and forty cents per colour page; scanning is free. The library \
-offers free wireless access; the network name is HarbourLib and no password is needed. Every first Saturday of the \
-month there is a book sale in the entrance hall, and every Wednesday afternoon at four a story hour for children \
-aged four to eight. Lost membership cards can be replaced at the desk for two euros."""
-
-CODE = '''def parse_order(line):
-    """Parse one order line: id, customer, amount."""
-    parts = line.strip().split(",")
-    order_id = int(parts[0])
-    customer = parts[1].strip()
-    amount = float(parts[2])
-    return order_id, customer, amount
+#: llama.cpp docs/speculative.md, "n-gram Mod", sample usage
+NGRAM_MOD_DOC = (24, 48, 64)
 
 
-def total_by_customer(lines):
-    """Sum the amounts per customer."""
-    totals = {}
-    for line in lines:
-        order_id, customer, amount = parse_order(line)
-        totals[customer] = totals.get(customer, 0.0) + amount
-    return totals
+@dataclass(frozen=True)
+class TraceVariant:
+    key: str
+    engine: str  # "llamaspec" | "native"
+    label: str
+    args: tuple[str, ...]
 
 
-def largest_order(lines):
-    """The order with the largest amount."""
-    best = None
-    for line in lines:
-        order = parse_order(line)
-        if best is None or order[2] > best[2]:
-            best = order
-    return best
-'''
-
-EDITS = ["Rename the function parse_order to read_order everywhere.",
-         "Rename the variable amount to value everywhere.",
-         "Add a type hint for the argument lines in every function: lines: list[str].",
-         "Change the docstring of total_by_customer to say: Sum the values per customer."]
-
-QUESTIONS = [["When does the library close on Thursdays?", "How long can I borrow a film?"],
-             ["How much does a late book cost per day?", "Is printing in colour more expensive?"],
-             ["Can I make phone calls in the reading room?", "When is the story hour?"]]
-
-FREE = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
-        "Explain in a few sentences why the sky is blue.",
-        "Describe a walk through a forest in autumn.",
-        "Give three tips for learning to cook at home."]
+def _ngram_mod_args(m: int, lo: int, hi: int) -> tuple[str, ...]:
+    return ("--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", str(m), "--spec-ngram-mod-n-min", str(lo),
+            "--spec-ngram-mod-n-max", str(hi))
 
 
-def chat(user: str) -> str:
-    return f"<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
+VARIANTS: dict[str, TraceVariant] = {v.key: v for v in (
+    TraceVariant("ls-plain", "llamaspec", "llamaspec serve --spec-type none", ("--spec-type", "none")),
+    TraceVariant("ls-defaults", "llamaspec", "llamaspec serve defaults (auto: own n-grams + shared pool)", ()),
+    TraceVariant("ls-nopool", "llamaspec", "llamaspec serve defaults, --spec-pool-tokens 0", ("--spec-pool-tokens", "0")),
+    TraceVariant("native-plain", "native", "llama-server", ()),
+    TraceVariant("native-spec-default", "native", "llama-server --spec-default", ("--spec-default",)),
+    TraceVariant("native-ngram-mod", "native", "llama-server --spec-type ngram-mod 24/48/64 (docs/speculative.md)",
+                 _ngram_mod_args(*NGRAM_MOD_DOC)),
+)}
+DEFAULT_VARIANTS = ("ls-plain", "ls-defaults", "native-plain", "native-spec-default", "native-ngram-mod")
 
 
-@dataclass
-class Step:
-    """One turn: the prompts sent together (each with its seed), greedy unless ``temp``."""
-    prompts: list[str]
-    seeds: list[int] = field(default_factory=list)
-    temp: float = 0.0
+def parse_variants(text: str) -> list[TraceVariant]:
+    """Comma list of variant keys (module docstring).
 
-
-#: fraction of the document / the file / the questions kept (``--scale``: small models with a short context)
-SCALE = [1.0]
-
-
-def _cut(text: str) -> str:
-    return text if SCALE[0] >= 1.0 else text[: max(16, int(len(text) * SCALE[0]))]
-
-
-def edit_loop(turns: int, ask: Callable[[Step], list[str]]) -> None:
-    text = _cut(CODE)
-    for i in range(turns):
-        out = ask(Step([chat(f"Here is a Python file:\n\n{text}\n{EDITS[i % len(EDITS)]} Reply with the whole "
-                             "file and nothing else.")]))
-        text = out[0] or text
-
-
-def chat_regenerate(turns: int, ask: Callable[[Step], list[str]]) -> None:
-    history = ""
-    qs = [_cut(q) for q in ("What are three good habits for sleeping well?", "Explain the second habit in more detail.",
-                            "Summarise your advice in one paragraph.")]
-    for i in range(max(1, turns - 1)):
-        prompt = history + chat(qs[i % len(qs)])
-        ask(Step([prompt]))
-        out = ask(Step([prompt]))  # "regenerate"
-        history = prompt + out[0] + "<end_of_turn>\n"
-
-
-def shared_doc(turns: int, ask: Callable[[Step], list[str]]) -> None:
-    for t in range(min(turns, 2)):
-        ask(Step([chat(f"Read this notice:\n\n{_cut(DOC)}\n\nQuestion: {qs[t % len(qs)]}") for qs in QUESTIONS]))
-
-
-def n4(turns: int, ask: Callable[[Step], list[str]]) -> None:
-    for t in range(max(1, turns // 2)):
-        ask(Step([chat(f"Write a short product description for a {['wooden', 'steel'][t % 2]} garden bench.")] * 4,
-                 seeds=[11 + t * 4 + j for j in range(4)], temp=0.8))
-
-
-def free(turns: int, ask: Callable[[Step], list[str]]) -> None:
-    for i in range(turns):
-        ask(Step([chat(FREE[i % len(FREE)])]))
-
-
-TRACES: dict[str, Callable[[int, Callable[[Step], list[str]]], None]] = {
-    "edit-loop": edit_loop, "chat-regenerate": chat_regenerate, "shared-doc": shared_doc, "n4": n4, "free": free}
-#: server name -> (engine, extra flags)
-SERVERS: dict[str, tuple[str, list[str]]] = {
-    "pool": ("llamaspec", []), "nopool": ("llamaspec", ["--spec-pool-tokens", "0"]),
-    "plain": ("llamaspec", ["--spec-type", "none"]),
-    "native-default": ("native", ["--spec-default"]), "native-plain": ("native", [])}
-REPETITIVE = ("edit-loop", "chat-regenerate", "shared-doc", "n4")
+    >>> [v.key for v in parse_variants("ls-plain, native-ngram-mod:16:8:32")]
+    ['ls-plain', 'native-ngram-mod:16:8:32']
+    >>> parse_variants("native-ngram-mod:16:8:32")[0].args[-4:]
+    ('--spec-ngram-mod-n-min', '8', '--spec-ngram-mod-n-max', '32')
+    >>> parse_variants("pool")
+    Traceback (most recent call last):
+    ...
+    llamaspec.errors.UsageError: --trace-variants: unknown variant 'pool' (known: ls-plain, ls-defaults, ls-nopool, native-plain, native-spec-default, native-ngram-mod, native-ngram-mod:M:MIN:MAX)
+    """
+    out: list[TraceVariant] = []
+    for key in (x.strip() for x in text.split(",")):
+        if not key:
+            continue
+        if key in VARIANTS:
+            v = VARIANTS[key]
+        elif key.startswith("native-ngram-mod:"):
+            parts = key.split(":")[1:]
+            if len(parts) != 3 or not all(p.isdigit() for p in parts) or int(parts[0]) < 1:
+                raise UsageError(f"--trace-variants {key}: native-ngram-mod:N_MATCH:N_MIN:N_MAX takes three integers")
+            m, lo, hi = (int(p) for p in parts)
+            v = TraceVariant(key, "native", f"llama-server --spec-type ngram-mod {m}/{lo}/{hi}", _ngram_mod_args(m, lo, hi))
+        else:
+            raise UsageError(f"--trace-variants: unknown variant {key!r} (known: {', '.join(VARIANTS)}, "
+                             "native-ngram-mod:M:MIN:MAX)")
+        if v.key not in {x.key for x in out}:
+            out.append(v)
+    if not out:
+        raise UsageError("--trace-variants is empty")
+    return out
 
 
 @dataclass
 class TraceConfig:
     model: str
-    servers: tuple[str, ...] = ("pool", "nopool", "native-default", "native-plain")
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
     traces: tuple[str, ...] = tuple(TRACES)
     turns: int = 4
     n_predict: int = 128
-    repeats: int = 2
+    repeats: int = 3
     n_parallel: int = 4
     n_ctx: int = 8192
     threads: int = 0
@@ -180,26 +120,42 @@ class TraceConfig:
     #: fraction of the long texts kept (small models with a short context)
     scale: float = 1.0
     #: flash attention off and an F32 KV cache on every server: batch shapes do not move the logits, so greedy
-    #: outputs of llamaspec with and without the pool must be equal (tests; slower)
+    #: outputs of llamaspec with and without speculation must be equal (tests; slower)
     exact: bool = False
     native_dir: str | None = None
+    model_name: str | None = None
+    command: str | None = None
+    #: print the runtime estimate first (one extra server start and a 32-token request)
+    estimate: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        for t in self.traces:
+            if t not in TRACES:
+                raise UsageError(f"--traces: unknown trace {t!r} (known: {', '.join(TRACES)})")
+        if not self.traces:
+            raise UsageError("--traces is empty")
+        if self.restart not in ("trace", "server"):
+            raise UsageError(f"--trace-restart must be trace or server, not {self.restart!r}")
+        if self.turns < 1 or self.repeats < 1:
+            raise UsageError("--turns and --repeats must be >= 1")
+        parse_variants(",".join(self.variants))
 
 
-def _command(name: str, cfg: TraceConfig) -> Callable[[int], list[str]] | None:
-    engine, extra = SERVERS[name]
+def _command(v: TraceVariant, cfg: TraceConfig) -> Callable[[int], list[str]] | None:
     common = ["-c", str(cfg.n_ctx), "-np", str(cfg.n_parallel), "--temp", "0"]
     if cfg.exact:
         common += ["-fa", "off", "-ctk", "f32", "-ctv", "f32"]
     if cfg.threads:
         common += ["-t", str(cfg.threads), "-tb", str(cfg.threads)]
-    if engine == "llamaspec":
+    if v.engine == "llamaspec":
         return lambda port: [sys.executable, "-m", "llamaspec.cli.main", "serve", "-m", cfg.model, "--host", LOOPBACK,
-                             "--port", str(port), *common, *extra]
+                             "--port", str(port), *common, *v.args]
     binary = find_tool(SERVER, cfg.native_dir)
     if binary is None:
         return None
     return lambda port: [str(binary), "-m", cfg.model, "--host", LOOPBACK, "--port", str(port), "--no-webui",
-                         "-ngl", "0", *common, *extra]
+                         "-ngl", "0", *common, *v.args]
 
 
 def _complete(srv: HttpServer, prompt: str, n_predict: int, temp: float, seed: int) -> dict:
@@ -217,10 +173,14 @@ def run_trace(srv: HttpServer, trace: str, cfg: TraceConfig) -> dict:
 
     def ask(step: Step) -> list[str]:
         res: list[dict | None] = [None] * len(step.prompts)
+        errs: list[BaseException] = []
 
         def one(i: int) -> None:
             seed = step.seeds[i] if i < len(step.seeds) else 42
-            res[i] = _complete(srv, step.prompts[i], cfg.n_predict, step.temp, seed)
+            try:
+                res[i] = _complete(srv, step.prompts[i], cfg.n_predict, step.temp, seed)
+            except BaseException as e:  # noqa: BLE001 - reported below, on the calling thread
+                errs.append(e)
 
         if len(step.prompts) == 1:
             one(0)
@@ -230,6 +190,8 @@ def run_trace(srv: HttpServer, trace: str, cfg: TraceConfig) -> dict:
                 th.start()
             for th in ths:
                 th.join()
+        if errs:
+            raise LlamaSpecError(f"{srv.label}: a request of {trace} failed: {errs[0]} (log: {srv.log_path})")
         texts = []
         for r in res:
             if r is None:
@@ -250,119 +212,95 @@ def run_trace(srv: HttpServer, trace: str, cfg: TraceConfig) -> dict:
             "outputs": outputs}
 
 
-def _start(name: str, cmd, log_dir: str) -> HttpServer:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"} if SERVERS[name][0] == "llamaspec" else None
-    srv = HttpServer(name, cmd, log_dir, env=env)
+def _start(v: TraceVariant, cmd, log_dir: str) -> HttpServer:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"} if v.engine == "llamaspec" else None
+    srv = HttpServer(v.key, cmd, log_dir, env=env)
     srv.start()
     _complete(srv, "Hello", 4, 0.0, 1)  # warm-up (graphs, caches), not timed
     return srv
 
 
-def run_traces(cfg: TraceConfig, progress: Callable[[str], None] = lambda s: None) -> dict:
-    log_dir = tempfile.mkdtemp(prefix="llamaspec-trace-")
-    SCALE[0] = cfg.scale
-    cmds, skipped = {}, {}
-    for name in cfg.servers:
-        if name not in SERVERS:
-            raise LlamaSpecError(f"unknown server {name!r} (known: {', '.join(SERVERS)})")
-        c = _command(name, cfg)
-        if c is None:
-            skipped[name] = f"{SERVER} is not built"
-        else:
-            cmds[name] = c
-    names = list(cmds)
-    runs = []
-    for rep in range(cfg.repeats):
-        order = names if rep % 2 == 0 else names[::-1]
-        for name in order:
-            groups = [[t] for t in cfg.traces] if cfg.restart == "trace" else [list(cfg.traces)]
-            for group in groups:
-                srv = _start(name, cmds[name], log_dir)
-                try:
-                    for trace in group:
-                        r = run_trace(srv, trace, cfg)
-                        progress(f"rep {rep} {name:15s} {trace:16s} {r['tokens_per_s']:8.2f} tok/s "
-                                 f"({r['predicted_n']} tokens, {r['wall_s']:.2f} s)")
-                        runs.append({"repeat": rep, "server": name, "trace": trace, **r})
-                finally:
-                    srv.stop()
-    return {"date": _dt.datetime.now().isoformat(timespec="seconds"), "config": {**cfg.__dict__},
-            "skipped": skipped, "runs": runs, "summary": summarise(runs), "log_dir": log_dir}
+def plan(cfg: TraceConfig, keys: list[str]) -> list[tuple[int, list[str], str]]:
+    """``(repeat, traces, variant)`` per server start, in run order (module docstring).
 
-
-def summarise(runs: Sequence[dict]) -> list[dict]:
-    """Per trace: median tokens/s of every server and its ratio to ``nopool`` / ``plain`` / ``native-*``."""
-    traces = list(dict.fromkeys(r["trace"] for r in runs))
-    servers = list(dict.fromkeys(r["server"] for r in runs))
+    >>> c = TraceConfig("m", traces=("a", "b"), repeats=2)
+    >>> plan(c, ["x", "y"])
+    [(0, ['a'], 'x'), (0, ['a'], 'y'), (0, ['b'], 'x'), (0, ['b'], 'y'), (1, ['a'], 'y'), (1, ['a'], 'x'), (1, ['b'], 'y'), (1, ['b'], 'x')]
+    >>> c.restart = "server"; plan(c, ["x", "y"])
+    [(0, ['a', 'b'], 'x'), (0, ['a', 'b'], 'y'), (1, ['a', 'b'], 'y'), (1, ['a', 'b'], 'x')]
+    """
     out = []
-    for t in traces:
-        med = {s: statistics.median(r["tokens_per_s"] for r in runs if r["trace"] == t and r["server"] == s)
-               for s in servers if any(r["trace"] == t and r["server"] == s for r in runs)}
-        row = {"trace": t, "tokens_per_s": {s: round(v, 2) for s, v in med.items()}}
-        if "pool" in med:
-            row["pool_vs"] = {s: round(med["pool"] / v, 3) for s, v in med.items() if s != "pool" and v > 0}
-        if t != "n4":  # llamaspec's servers: greedy output must not depend on drafting (llama-server may differ)
-            flat = [r["outputs"] for r in runs if r["trace"] == t and SERVERS[r["server"]][0] == "llamaspec"]
-            row["greedy_outputs_equal"] = all(o == flat[0] for o in flat) if flat else None
-        out.append(row)
+    for rep in range(cfg.repeats):
+        order = keys if rep % 2 == 0 else keys[::-1]
+        if cfg.restart == "trace":
+            out += [(rep, [t], k) for t in cfg.traces for k in order]
+        else:
+            out += [(rep, list(cfg.traces), k) for k in order]
     return out
 
 
-def render_markdown(report: dict) -> str:
-    rows = report["summary"]
-    servers = list(dict.fromkeys(s for r in rows for s in r["tokens_per_s"]))
-    others = [s for s in servers if s != "pool"]
-    head = ["trace", *[f"{s} tok/s" for s in servers], *[f"pool / {s}" for s in others], "llamaspec outputs equal"]
-    lines = [f"Trace benchmark, {report['date']}, model `{report['config']['model']}`, "
-             f"{report['config']['repeats']} repeats (medians)", "", "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["trace"], *[str(r["tokens_per_s"].get(s, "")) for s in servers],
-                 *[f"x{r.get('pool_vs', {}).get(s, float('nan')):.2f}" for s in others],
-                 {True: "yes", False: "no", None: "n/a (sampled)"}[r.get("greedy_outputs_equal")]]
-        lines.append("| " + " | ".join(cells) + " |")
-    if report.get("skipped"):
-        lines += ["", "Skipped: " + ", ".join(f"{k} ({v})" for k, v in report["skipped"].items())]
-    return "\n".join(lines) + "\n"
+def estimate(cfg: TraceConfig, variants: list[TraceVariant], cmds: dict, log_dir: str, n_starts: int) -> dict:
+    """Start the plainest variant once, time the start and a 32-token greedy request: the run's runtime at
+    that speed (an upper bound for the decode part: speculative variants are faster, prompts come on top)."""
+    v = next((x for k in ("ls-plain", "native-plain") for x in variants if x.key == k), variants[0])
+    t0 = time.perf_counter()
+    srv = _start(v, cmds[v.key], log_dir)
+    t_start = time.perf_counter() - t0
+    try:
+        r = _complete(srv, chat(FREE[0]), 32, 0.0, 1)
+    finally:
+        srv.stop()
+    t = r.get("timings", {})
+    tps = float(t.get("predicted_n", 0)) / (float(t.get("predicted_ms", 0.0)) / 1e3) if t.get("predicted_ms") else 0.0
+    n_tok = cfg.repeats * len(variants) * cfg.n_predict * sum(requests_per_trace(tr, cfg.turns) for tr in cfg.traces)
+    est = n_starts * (t_start + 1.0) + (n_tok / tps if tps > 0 else 0.0)
+    return {"probe_variant": v.key, "start_s": round(t_start, 2), "plain_tps": round(tps, 2), "max_tokens": n_tok,
+            "n_starts": n_starts, "estimate_s": round(est)}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-m", "--model", required=True, help="model name (models.toml) or GGUF path")
-    ap.add_argument("--servers", default=",".join(TraceConfig.servers))
-    ap.add_argument("--traces", default=",".join(TRACES))
-    ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("-n", "--n-predict", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("-np", "--n-parallel", type=int, default=4)
-    ap.add_argument("-c", "--ctx-size", type=int, default=8192)
-    ap.add_argument("-t", "--threads", type=int, default=0)
-    ap.add_argument("--restart", choices=("trace", "server"), default="trace")
-    ap.add_argument("--native-dir", default=None)
-    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the long texts kept (tiny test models)")
-    ap.add_argument("--exact", action="store_true", help="-fa off, F32 KV on every server (outputs comparable)")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--markdown", default=None)
-    a = ap.parse_args(argv)
-    model = a.model
-    if not os.path.exists(model):
-        from ..models import resolve_model
+def run_traces(cfg: TraceConfig, progress: Callable[[str], None] = lambda s: None) -> dict:
+    from .trace_report import summarise
 
-        model = str(resolve_model(model))
-    cfg = TraceConfig(model=model, servers=tuple(s for s in a.servers.split(",") if s),
-                      traces=tuple(t for t in a.traces.split(",") if t), turns=a.turns, n_predict=a.n_predict,
-                      repeats=a.repeats, n_parallel=a.n_parallel, n_ctx=a.ctx_size, threads=a.threads,
-                      restart=a.restart, native_dir=a.native_dir, scale=a.scale, exact=a.exact)
-    for t in cfg.traces:
-        if t not in TRACES:
-            ap.error(f"unknown trace {t!r} (known: {', '.join(TRACES)})")
-    report = run_traces(cfg, progress=lambda s: print(s, file=sys.stderr, flush=True))
-    md = render_markdown(report)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=1)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(md)
-    print(md)
-    return 0
+    cfg.validate()
+    t_begin = time.time()
+    log_dir = tempfile.mkdtemp(prefix="llamaspec-trace-")
+    SCALE[0] = cfg.scale
+    variants, cmds, skipped = [], {}, {}
+    for v in parse_variants(",".join(cfg.variants)):
+        c = _command(v, cfg)
+        if c is None:
+            skipped[v.key] = f"{SERVER} is not built (scripts/build_llama_cpp.sh --targets tools)"
+        else:
+            variants.append(v)
+            cmds[v.key] = c
+    if not variants:
+        raise UsageError("no variant can run: " + "; ".join(f"{k}: {why}" for k, why in skipped.items()))
+    schedule = plan(cfg, [v.key for v in variants])
+    by_key = {v.key: v for v in variants}
+    est = None
+    if cfg.estimate:
+        est = estimate(cfg, variants, cmds, log_dir, len(schedule))
+        from .copy_set import fmt_duration
+
+        progress(f"estimated runtime: about {fmt_duration(est['estimate_s'])} ({est['n_starts']} server starts of "
+                 f"~{est['start_s']:.0f} s, at most {est['max_tokens']} tokens at {est['plain_tps']:.1f} tok/s plain; "
+                 "speculative variants are faster)")
+    runs = []
+    for i, (rep, group, key) in enumerate(schedule):
+        v = by_key[key]
+        srv = _start(v, cmds[key], log_dir)
+        try:
+            for trace in group:
+                r = run_trace(srv, trace, cfg)
+                progress(f"[{i + 1}/{len(schedule)}] rep {rep} {trace:16s} {key:22s} {r['tokens_per_s']:8.2f} tok/s "
+                         f"({r['predicted_n']} tokens, {r['wall_s']:.2f} s)")
+                runs.append({"repeat": rep, "variant": key, "engine": v.engine, "trace": trace, **r})
+        finally:
+            srv.stop()
+    return {"kind": "trace", "date": _dt.datetime.now().isoformat(timespec="seconds"),
+            "duration_s": round(time.time() - t_begin, 1), "command": cfg.command,
+            "config": {k: v for k, v in cfg.__dict__.items() if k != "extra"},
+            "variants": {v.key: {"engine": v.engine, "label": v.label, "args": list(v.args),
+                                 "command": " ".join(cmds[v.key](0))} for v in variants},
+            "estimate": est, "skipped": skipped, "runs": runs, "summary": summarise(runs, cfg.traces),
+            "machine": {"cpus": os.cpu_count(), "loadavg_end": [round(x, 2) for x in os.getloadavg()]}}

@@ -8,6 +8,7 @@ import tempfile
 import click
 
 from ._common import check_output_path, err_console, handle_errors, resolve_model_arg
+from .bench_extra import extra_options, pop_extra_options, run_extra
 from .device_options import device_options, pop_device_options
 
 DEFAULT_MODES = "plain,draft-simple,ngram-mod,ngram-simple,ngram-map-k,lookup"
@@ -74,6 +75,7 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--spec-ngram-simple-size-m", "ngram_simple_size_m", type=int, default=None, help="ngram-simple: draft length (default 48).")
 @click.option("--spec-ngram-map-k-size-n", "ngram_map_k_size_n", type=int, default=None, help="ngram-map-k: key length (default 12).")
 @click.option("--spec-ngram-map-k-size-m", "ngram_map_k_size_m", type=int, default=None, help="ngram-map-k: draft length (default 48).")
+@extra_options
 @handle_errors
 def bench(quick, server_mode, clients, sweep, server_variants, n_parallel, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
           flash_attn, seed, spec_draft_n_max, spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol,
@@ -91,6 +93,7 @@ def bench(quick, server_mode, clients, sweep, server_variants, n_parallel, pair,
     from llamaspec.params import SpecParams
 
     dev = pop_device_options(ngram_kw)  # -ngl -ngld -mg -sm -ts -t -tb -td, the same for every engine
+    extra = pop_extra_options(ngram_kw)  # --trace / --copy-set / --pool-soak (issue 25: llamaspec/cli/bench_extra.py)
     server_mode = server_mode or sweep  # the sweep is a server benchmark
     if server_variants and not server_mode:
         raise UsageError("--server-variants compares servers: add --server (or --sweep)")
@@ -124,6 +127,11 @@ def bench(quick, server_mode, clients, sweep, server_variants, n_parallel, pair,
     def given(name: str) -> bool:
         return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
 
+    if any(extra[m] for m in ("trace", "copy_set", "pool_soak")):
+        return run_extra(extra, given, pair=pair, model=model, draft_model=draft_model, cache_dir=cache_dir,
+                         n_predict=n_predict, repeats=repeats, ctx_size=ctx_size, n_parallel=n_parallel, dev=dev,
+                         native_dir=native_dir, json_path=json_path, md_path=md_path, near_tie_tol=near_tie_tol,
+                         no_progress=no_progress, limit=limit, run_with_progress=_run_with_progress)
     spec = SpecParams()
     spec.draft.n_max, spec.draft.n_min = spec_draft_n_max, spec_draft_n_min
     from .ngram_options import apply_ngram_options

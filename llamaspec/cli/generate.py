@@ -9,6 +9,7 @@ import click
 
 from ._common import check_output_path, err_console, handle_errors
 from .device_options import device_options, pop_device_options
+from .sampler_options import sampler_extra, sampler_options
 from .spec_options import resolve_spec_models, spec_options
 
 
@@ -102,6 +103,7 @@ def _parse_logit_bias(text: str) -> tuple[int, float]:
               help="Add BIAS to a token's logit, as llama.cpp: 15043+1, 15043-1, 15043-inf (never) (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Never end on an end-of-generation token (generate -n tokens).")
 @click.option("--stop", "stop", multiple=True, help="Stop string (repeatable); the text is cut before it.")
+@sampler_options
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the model's chat template.")
 @click.option("--system", "system_prompt", default=None, help="System message (with --chat).")
 @spec_options
@@ -148,6 +150,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
         temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
         repeat_last_n=repeat_last_n, seed=DEFAULT_SEED if seed == -1 else seed, grammar=grammar,
         logit_bias=tuple(_parse_logit_bias(x) for x in logit_bias), ignore_eos=ignore_eos,
+        **sampler_extra(),
     )
     sampling.validate()
     if pair is None and not model and not spec_kw.get("draft_model") and not spec_kw.get("spec_type") \

@@ -13,7 +13,9 @@ from .device_options import device_options, pop_device_options
 from .limit_options import limit_options, pop_limit_options
 from .serve_setup import (apply_logging, chat_template_arg, ctx_size_arg, flash_attn_arg, kv_f32_arg, model_sources,
                           n_parallel_arg, read_api_keys, server_config)
+from .sampler_options import sampler_extra, sampler_options
 from .server_compat import ServeCommand
+from .slot_options import pop_slot_options, slot_options
 from .spec_options import resolve_spec_models, spec_options
 
 _SERVER_OPTIONS = [
@@ -125,7 +127,9 @@ def _options(f):
 @_options
 @device_options()
 @limit_options()
+@slot_options
 @spec_options
+@sampler_options
 @click.pass_context
 @handle_errors
 def serve(ctx, model, pair, model_url, hf_repo, hf_file, hf_token, hf_repo_draft, offline, cache_dir, host, port,
@@ -164,6 +168,7 @@ def serve(ctx, model, pair, model_url, hf_repo, hf_file, hf_token, hf_repo_draft
     verbose = apply_logging(log_verbose, verbosity, log_file, log_disable)
     device = pop_device_options(spec_kw)
     limits = pop_limit_options(spec_kw)
+    slot_kw = pop_slot_options(spec_kw)  # --slot-save-path, --spm-infill
     keys = read_api_keys(api_keys, api_key_file)
     template = chat_template_arg(chat_template, chat_template_file)
     if metrics and find_spec("prometheus_client") is None:
@@ -200,11 +205,12 @@ def serve(ctx, model, pair, model_url, hf_repo, hf_file, hf_token, hf_repo_draft
     config = server_config(
         model=model_name, path=path, alias=alias, tags=tags, keys=keys, metrics=metrics, props=props, slots=slots,
         template=template, jinja=jinja, sse_ping_interval=sse_ping_interval, verbose=verbose, api_prefix=api_prefix,
-        limits=limits, mcp_proxy=mcp_proxy,
+        limits=limits, mcp_proxy=mcp_proxy, **slot_kw,
         cors=(cors_origins, cors_methods, cors_headers, cors_credentials),
         defaults=dict(n_predict=-1 if n_predict == -2 else n_predict, temp=temp, top_k=top_k, top_p=top_p,
                       min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
-                      presence_penalty=presence_penalty, frequency_penalty=frequency_penalty))
+                      presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                      sampling_extra=sampler_extra(ctx)))
 
     import inspect
 

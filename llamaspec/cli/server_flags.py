@@ -47,8 +47,6 @@ R_KV = "llamaspec sizes the KV cache with -c"
 R_REQ = "llamaspec takes it per request (the request field of the same name)"
 R_CACHE = "llamaspec's prompt cache is --cache-prompt (the longest common prefix per slot)"
 R_CLI = "it only affects llama-cli"
-R_INFILL = "llamaspec serve has no /infill route yet"
-R_SAMPLER = "llamaspec samples with temperature, top-k, top-p, min-p, the penalties, logit bias and grammars"
 R_EMBD = "llamaspec serve has no embeddings or rerank routes"
 R_MODEL = "llamaspec uses the GGUF's own RoPE and metadata settings"
 R_PLACE = "llamaspec places the model with -ngl, -sm, -ts and -mg only"
@@ -61,7 +59,6 @@ R_UI = "llamaspec serve has no web UI"
 R_TOOLS = "llamaspec serve runs no server-side tools or MCP servers"
 R_KWARGS = "llamaspec's chat templates take no extra arguments yet"
 R_TIMEOUT = "uvicorn's own timeouts apply"
-R_SLOTSAVE = "llamaspec serve cannot save or restore slots yet"
 R_ROUTER = "llamaspec serve runs one model (no router mode)"
 R_REASON = "llamaspec returns the text as generated (no reasoning parsing)"
 R_SLEEP = "llamaspec keeps the model loaded"
@@ -108,35 +105,35 @@ FLAGS: tuple[Flag, ...] = (
     _F('-r --reverse-prompt', 'S', None, R_CLI),
     _F('-sp --special', 'V', None, R_CLI),
     _F('--warmup', 'B', None, 'same', neg='--no-warmup'),
-    _F('--spm-infill', 'V', None, R_INFILL),
-    _F('--samplers', 'S', None, R_SAMPLER),
+    _F('--spm-infill', 'V', None, 'cli'),
+    _F('--samplers', 'S', None, 'cli'),
     _F('-s --seed', 'S', None, 'cli'),
-    _F('--sampler-seq --sampling-seq', 'S', None, R_SAMPLER),
+    _F('--sampler-seq --sampling-seq', 'S', None, 'cli'),
     _F('--ignore-eos', 'V', None, R_REQ),
     _F('--temp --temperature', 'S', 'LLAMA_ARG_TEMPERATURE', 'cli'),
     _F('--top-k', 'I', 'LLAMA_ARG_TOP_K', 'cli'),
     _F('--top-p', 'S', 'LLAMA_ARG_TOP_P', 'cli'),
     _F('--min-p', 'S', 'LLAMA_ARG_MIN_P', 'cli'),
-    _F('--top-nsigma --top-n-sigma', 'S', None, R_SAMPLER),
-    _F('--xtc-probability', 'S', None, R_SAMPLER),
-    _F('--xtc-threshold', 'S', None, R_SAMPLER),
-    _F('--typical --typical-p', 'S', None, R_SAMPLER),
+    _F('--top-nsigma --top-n-sigma', 'S', None, 'cli'),
+    _F('--xtc-probability', 'S', None, 'cli'),
+    _F('--xtc-threshold', 'S', None, 'cli'),
+    _F('--typical --typical-p', 'S', None, 'cli'),
     _F('--repeat-last-n', 'I', None, 'cli'),
     _F('--repeat-penalty', 'S', 'LLAMA_ARG_REPEAT_PENALTY', 'cli'),
     _F('--presence-penalty', 'S', 'LLAMA_ARG_PRESENCE_PENALTY', 'cli'),
     _F('--frequency-penalty', 'S', 'LLAMA_ARG_FREQUENCY_PENALTY', 'cli'),
-    _F('--dry-multiplier', 'S', None, R_SAMPLER),
-    _F('--dry-base', 'S', None, R_SAMPLER),
-    _F('--dry-allowed-length', 'I', None, R_SAMPLER),
-    _F('--dry-penalty-last-n', 'I', None, R_SAMPLER),
-    _F('--dry-sequence-breaker', 'S', None, R_SAMPLER),
-    _F('--adaptive-target', 'S', None, R_SAMPLER),
-    _F('--adaptive-decay', 'S', None, R_SAMPLER),
-    _F('--dynatemp-range', 'S', None, R_SAMPLER),
-    _F('--dynatemp-exp', 'S', None, R_SAMPLER),
-    _F('--mirostat', 'I', None, R_SAMPLER),
-    _F('--mirostat-lr', 'S', None, R_SAMPLER),
-    _F('--mirostat-ent', 'S', None, R_SAMPLER),
+    _F('--dry-multiplier', 'S', None, 'cli'),
+    _F('--dry-base', 'S', None, 'cli'),
+    _F('--dry-allowed-length', 'I', None, 'cli'),
+    _F('--dry-penalty-last-n', 'I', None, 'cli'),
+    _F('--dry-sequence-breaker', 'S', None, 'cli'),
+    _F('--adaptive-target', 'S', None, 'cli'),
+    _F('--adaptive-decay', 'S', None, 'cli'),
+    _F('--dynatemp-range', 'S', None, 'cli'),
+    _F('--dynatemp-exp', 'S', None, 'cli'),
+    _F('--mirostat', 'I', None, 'cli'),
+    _F('--mirostat-lr', 'S', None, 'cli'),
+    _F('--mirostat-ent', 'S', None, 'cli'),
     _F('-l --logit-bias', 'S', None, R_REQ),
     _F('--grammar', 'S', None, R_REQ),
     _F('--grammar-file', 'S', None, R_REQ),
@@ -239,7 +236,7 @@ FLAGS: tuple[Flag, ...] = (
     _F('--metrics', 'V', 'LLAMA_ARG_ENDPOINT_METRICS', 'cli'),
     _F('--props', 'V', 'LLAMA_ARG_ENDPOINT_PROPS', 'cli'),
     _F('--slots', 'B', 'LLAMA_ARG_ENDPOINT_SLOTS', 'cli', neg='--no-slots'),
-    _F('--slot-save-path', 'S', None, R_SLOTSAVE),
+    _F('--slot-save-path', 'S', None, 'cli'),
     _F('--media-path', 'S', None, R_MTMD),
     _F('--models-dir', 'S', 'LLAMA_ARG_MODELS_DIR', R_ROUTER),
     _F('--models-preset', 'S', 'LLAMA_ARG_MODELS_PRESET', R_ROUTER),

@@ -6,8 +6,9 @@
   ``llama_cpp.Llama(..., draft_model=...)``, llama-cpp-python's own speculative hook.
 
 Modules: :mod:`.llama` (the class), :mod:`.completion` (completions), :mod:`.chat` (chat handlers),
-:mod:`.args` (arguments not served), :mod:`.drafter` (what ``draft_model`` may be), :mod:`.draft` (the
-hook), :mod:`.hub` (``from_pretrained``).
+:mod:`.lowlevel` (``eval`` / ``sample`` / ``generate``), :mod:`.scoring` (every row's logits: ``echo`` logprobs,
+``scores``), :mod:`.args` (arguments not served), :mod:`.drafter` (what ``draft_model`` may be), :mod:`.draft`
+(the hook), :mod:`.hub` (``from_pretrained``).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import UsageError
 
@@ -34,8 +34,8 @@ LLAMA_CPP_DEFAULTS: dict[str, Any] = {
 }
 #: those whose other values would change what the model computes in a way llamaspec cannot follow
 REFUSE = {"kv_overrides", "embedding", "lora_base", "lora_path", "tokenizer"}
-#: those that only concern speed or memory: any value is accepted silently
-SILENT = {"use_mlock", "numa", "no_perf", "swa_full", "op_offload", "offload_kqv"}
+#: those that only concern speed or memory, and ``spm_infill`` (honoured by ``suffix``): any value is accepted silently
+SILENT = {"use_mlock", "numa", "no_perf", "swa_full", "op_offload", "offload_kqv", "spm_infill"}
 #: every argument the drop-in's constructor names itself (for the "did you mean" of an unknown one)
 OWN = ("model_path", "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "vocab_only", "use_mmap", "seed",
        "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "logits_all", "flash_attn",
@@ -60,16 +60,9 @@ def check_extra_kwargs(kwargs: dict[str, Any]) -> None:
                       stacklevel=3)
 
 
-def check_request_args(*, suffix: Any, typical_p: float, mirostat_mode: int,
-                       logits_processor: Iterable | None) -> None:
-    """Refuse, with one clear line each, the completion arguments the speculative path cannot serve."""
-    if suffix is not None:
-        raise CompatError("llamaspec.Llama does not support suffix (fill-in-the-middle) yet; build the infill "
-                         "prompt yourself or use llama_cpp.Llama")
-    if typical_p != 1.0:
-        raise CompatError(f"llamaspec.Llama does not support typical_p={typical_p} (only 1.0, the default)")
-    if mirostat_mode:
-        raise CompatError(f"llamaspec.Llama does not support mirostat_mode={mirostat_mode} (only 0, the default)")
-    if logits_processor:
-        raise CompatError("llamaspec.Llama does not run logits_processor callbacks (the target's logits are verified "
-                         "in batches natively); use grammar= or logit_bias= instead")
+def check_request_args(*, suffix: Any, mirostat_mode: Any) -> None:
+    """Refuse, with one clear line each, completion arguments llama-cpp-python would choke on later."""
+    if suffix is not None and not isinstance(suffix, str):
+        raise CompatError(f"suffix must be a string or None, got {type(suffix).__name__}")
+    if mirostat_mode not in (0, 1, 2):
+        raise CompatError(f"mirostat_mode must be 0 (off), 1 or 2, got {mirostat_mode!r}")

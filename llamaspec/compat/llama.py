@@ -19,9 +19,15 @@ knows is a ``TypeError``.
 Completions and chats sample at llama-cpp-python's defaults (temperature 0.8, top-p 0.95, top-k 40, min-p
 0.05; chats at 0.2) and return its dictionaries; chats go through llama-cpp-python's own chat handlers
 (:mod:`.chat`). ``logprobs`` (and the chats' ``logprobs`` / ``top_logprobs``) are the target model's, as
-llama-cpp-python reports them, without its ``logits_all=True`` (not of the prompt: no ``echo``). Not served:
-``logits_processor``, ``suffix``, mirostat, ``typical_p``, embeddings, multimodal chat handlers,
-``save_state``/``load_state``.
+llama-cpp-python reports them, without its ``logits_all=True``; with ``echo=True`` the prompt's come from a
+second decode (:mod:`.scoring`). :mod:`.completion` says how ``suffix``, ``logits_processor`` (every verified
+row, in order), ``stopping_criteria``, ``typical_p``, mirostat and ``set_cache`` are served. The token-level
+API (``eval``, ``sample``, ``generate``, ``n_tokens``, ``input_ids``, ``scores``, ``ctx``) is
+:mod:`.lowlevel`'s. ``save_state``/``load_state`` save and restore every slot's prompt cache (:mod:`.state`).
+
+Not served: embeddings (``embedding=True``, ``embed``, ``create_embedding``: a clear error, use
+``llama_cpp.Llama``), LoRA adapters, ``kv_overrides``, multimodal chat handlers (those that drive llama.cpp
+themselves), ``tfs_z`` (accepted and unused, as in llama-cpp-python 0.3.36).
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from .args import CompatError, CompatWarning, check_extra_kwargs, check_request_
 from .chat import ChatHandlers
 from .completion import check_logprobs, completion_chunks, sampling_params
 from .drafter import resolve_draft
+from .lowlevel import TokenAPI
 
 __all__ = ["Llama"]
 
@@ -53,7 +60,7 @@ def _model_path(model_path: "str | os.PathLike") -> Path:
         raise CompatError(f"Model path does not exist: {model_path}") from None
 
 
-class Llama:
+class Llama(TokenAPI):
     """See the module docstring. Attributes read by llama-cpp-python's chat handlers are provided
     (``verbose``, ``metadata``, ``chat_format``, ``model_path``, ``tokenize``, ``detokenize``...)."""
 
@@ -94,6 +101,7 @@ class Llama:
         self.verbose = verbose
         self.model_path = str(model_path)
         self._seed = seed or lcp.DEFAULT_SEED
+        self.spm_infill = bool(kwargs.get("spm_infill", False))
         self.last_n_tokens_size = last_n_tokens_size
         self._logits_all = logits_all
         self._cache_ok = True
@@ -155,6 +163,7 @@ class Llama:
     # -- lifetime -----------------------------------------------------------------------------------
     def close(self) -> None:
         """Free the engine and the model (``llama_cpp.Llama.close``)."""
+        self._close_token_api()
         engine, self._engine = getattr(self, "_engine", None), None
         if engine is not None:
             engine.close()
@@ -221,21 +230,34 @@ class Llama:
         self._seed = seed
 
     def reset(self) -> None:
-        """Forget the cached prompt: the next completion decodes its whole prompt again."""
+        """Forget the cached prompt: the next completion decodes its whole prompt again (``n_tokens`` = 0)."""
         self._cache_ok = False
+        self.n_tokens = 0
 
     def _take_cache_permission(self) -> bool:
         ok, self._cache_ok = self._cache_ok, True
         return ok
 
     def save_state(self):
-        raise NotImplementedError("llamaspec.Llama has no save_state/load_state yet (its prompt cache is kept "
-                                  "per slot automatically)")
+        """``llama_cpp.Llama.save_state``: the cached tokens and their state (:class:`~llamaspec.compat.state.
+        LlamaState`, every slot's); :meth:`load_state` puts them back exactly."""
+        from .state import save_state
 
-    load_state = save_state
+        return save_state(self._require_engine(), self._seed, self._vocab.n_tokens)
+
+    def load_state(self, state) -> None:
+        """``llama_cpp.Llama.load_state``: back to a :meth:`save_state` state (the next completion whose prompt
+        shares its prefix decodes only the rest)."""
+        from .state import load_state
+
+        self._seed = load_state(self._require_engine(), state)
+        self._cache_ok = True
 
     def set_cache(self, cache) -> None:
-        """Accepted for compatibility: llamaspec keeps the last prompt of each slot cached by itself."""
+        """``llama_cpp.Llama.set_cache``: a ``LlamaRAMCache`` / ``LlamaDiskCache`` (None: off) that completions
+        read before and write after, with :meth:`load_state` / :meth:`save_state` (each slot also keeps its last
+        prompt cached by itself)."""
+        self.cache = cache
 
     @property
     def last_report(self) -> "dict | None":
@@ -264,17 +286,31 @@ class Llama:
                           mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
                           model: "str | None" = None, stopping_criteria=None, logits_processor=None, grammar=None,
                           logit_bias: "dict | None" = None) -> "dict | Iterator[dict]":
-        """``llama_cpp.Llama.create_completion``: the same arguments, defaults and return values."""
-        check_request_args(suffix=suffix, typical_p=typical_p, mirostat_mode=mirostat_mode,
-                           logits_processor=logits_processor)
+        """``llama_cpp.Llama.create_completion``: the same arguments, defaults and return values (``tfs_z`` is
+        accepted and unused, as in llama-cpp-python)."""
+        check_request_args(suffix=suffix, mirostat_mode=mirostat_mode)
         self._require_engine()
-        logprobs = check_logprobs(self, logprobs, echo)
+        logprobs = check_logprobs(self, logprobs)
         sp = sampling_params(self, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                              repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                             presence_penalty=presence_penalty, grammar=grammar, logit_bias=logit_bias, seed=seed)
+                             presence_penalty=presence_penalty, grammar=grammar, logit_bias=logit_bias, seed=seed,
+                             typical_p=typical_p, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+                             mirostat_eta=mirostat_eta)
         gen = completion_chunks(self, prompt, max_tokens=max_tokens, sampling=sp, stop=stop, stream=stream, echo=echo,
-                                model=model, stopping_criteria=stopping_criteria, logprobs=logprobs)
+                                model=model, stopping_criteria=stopping_criteria, logprobs=logprobs, suffix=suffix,
+                                logits_processor=logits_processor)
         return gen if stream else next(gen)
+
+    def create_embedding(self, input: "str | list", model: "str | None" = None):  # noqa: A002 - llama_cpp's name
+        """Refused: ``llamaspec.Llama`` builds its contexts for generation (use ``llama_cpp.Llama(...,
+        embedding=True)``)."""
+        raise CompatError("llamaspec.Llama does not compute embeddings; use llama_cpp.Llama(model_path, "
+                          "embedding=True) for create_embedding/embed")
+
+    def embed(self, input: "str | list", normalize: bool = False, truncate: bool = True,  # noqa: A002
+              return_count: bool = False):
+        """Refused, as :meth:`create_embedding`."""
+        return self.create_embedding(input)
 
     def __call__(self, prompt: "str | list[int]", *args, **kwargs) -> "dict | Iterator[dict]":
         """``llm(prompt, ...)`` = :meth:`create_completion` (llama-cpp-python's positional order)."""

@@ -10,7 +10,9 @@
 ``POST /tokenize``, ``/detokenize``        llama-server's bodies
 ``POST /apply-template``                   the chat prompt as text, not generated
 ``POST /v1/chat/completions/input_tokens`` the chat prompt's length in tokens
+``POST /infill``                           fill-in-the-middle, as ``/completion`` (``server/infill.py``)
 ``GET /slots``                             per-slot state (``--no-slots``: 501)
+``POST /slots/{id}?action=``               save, restore, erase a slot (``--slot-save-path``, else 501)
 ``GET /props``                             server settings (``POST``: 501 without ``--props``)
 ``GET /metrics``                           Prometheus (``--metrics``, else 501)
 ``GET``, ``POST /cors-proxy?url=``         the web UI's MCP proxy (``--ui-mcp-proxy``, else 403)
@@ -34,6 +36,7 @@ from starlette.routing import Route
 
 from .cors_proxy import cors_proxy
 from .errors import ApiError
+from .infill import infill
 from .middleware import EXCEPTION_HANDLERS, HEALTH, PUBLIC, CorsMiddleware, GuardMiddleware, PrefixMiddleware
 from .routes import (
     apply_template,
@@ -51,6 +54,7 @@ from .routes import (
     submit,
     tokenize,
 )
+from .slot_actions import slot_action
 from .state import ServerConfig, ServerState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,6 +102,8 @@ def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = No
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/slots", slots, methods=["GET"]),
+        Route("/slots/{id_slot}", slot_action, methods=["POST"]),
+        Route("/infill", infill, methods=["POST"]),
         Route("/props", props, methods=["GET", "POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/cors-proxy", cors_proxy, methods=["GET", "POST"]),

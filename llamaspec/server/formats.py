@@ -29,6 +29,12 @@ def _n_cached(s: GenerationStats) -> int:
     return int(getattr(s, "n_cached", 0) or 0)
 
 
+def n_predicted(s: GenerationStats) -> int:
+    """The tokens generated as llama-server counts them: the output, and the end-of-generation token it ended
+    on (sampled, not output)."""
+    return s.n_predicted + int(getattr(s, "n_eog", 0) or 0)
+
+
 def timings(s: GenerationStats, speculative: bool = False) -> dict:
     """llama-server's ``timings`` object for one request, plus the acceptance report. ``draft_n`` /
     ``draft_n_accepted`` are there whenever the server speculates (``speculative``), zeros included, as in
@@ -37,7 +43,7 @@ def timings(s: GenerationStats, speculative: bool = False) -> dict:
     cache_n = _n_cached(s)
     prompt_n = max(0, s.n_prompt - cache_n)
     prompt_ms = s.t_prompt_s * 1e3
-    predicted_n = s.n_predicted
+    predicted_n = n_predicted(s)
     predicted_ms = s.t_decode_s * 1e3
     out = {
         "cache_n": cache_n,
@@ -77,7 +83,7 @@ def merged(stats: list[GenerationStats]) -> GenerationStats:
 def usage(stats: list[GenerationStats]) -> dict:
     """OpenAI ``usage`` over the choices of one response (+ ``prompt_tokens_details.cached_tokens``)."""
     prompt = sum(s.n_prompt for s in stats)
-    completion = sum(s.n_predicted for s in stats)
+    completion = sum(n_predicted(s) for s in stats)
     return {
         "completion_tokens": completion,
         "prompt_tokens": prompt,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .. import _llama as llama
+from ..errors import UsageError
 from ..params import RequestSpec
 from .constraints import JSON_GRAMMAR, parse_grammar, parse_logit_bias
 from .errors import exceed_context, invalid
@@ -41,13 +42,23 @@ __all__ = ["Body", "Defaults", "GenParams", "parse_json", "parse_gen_params", "p
 MAX_N_CMPL = 16
 #: an integer field is a C ``int32_t`` unless it says otherwise (ctypes would wrap a larger value silently)
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
-#: llama-server sampling fields llamaspec does not use: accepted and checked (type and llama.cpp's range)
-IGNORED = {"typical_p": (float, None, None), "mirostat": (int, 0, 2), "mirostat_tau": (float, None, None),
-           "mirostat_eta": (float, None, None), "xtc_probability": (float, 0.0, 1.0), "xtc_threshold": (float, None, None),
-           "dry_multiplier": (float, 0.0, None), "dry_base": (float, None, None), "dry_allowed_length": (int, 0, None),
-           "dry_penalty_last_n": (int, -1, None), "dynatemp_range": (float, 0.0, None),
-           "dynatemp_exponent": (float, None, None), "top_n_sigma": (float, None, None), "n_keep": (int, -1, None),
-           "min_keep": (int, 0, None), "n_indent": (int, 0, None), "t_max_predict_ms": (int, 0, None)}
+#: llama-server's other sampling fields: request field -> (SamplingParams field, type, llama.cpp's range)
+SAMPLER_FIELDS = {"typical_p": ("typ_p", float, None, None), "mirostat": ("mirostat", int, 0, 2),
+                  "mirostat_tau": ("mirostat_tau", float, None, None),
+                  "mirostat_eta": ("mirostat_eta", float, None, None),
+                  "xtc_probability": ("xtc_probability", float, 0.0, 1.0),
+                  "xtc_threshold": ("xtc_threshold", float, 0.0, 1.0),
+                  "dry_multiplier": ("dry_multiplier", float, None, None), "dry_base": ("dry_base", float, None, None),
+                  "dry_allowed_length": ("dry_allowed_length", int, 0, I32_MAX),
+                  "dry_penalty_last_n": ("dry_penalty_last_n", int, 0, I32_MAX),
+                  "dynatemp_range": ("dynatemp_range", float, None, None),
+                  "dynatemp_exponent": ("dynatemp_exponent", float, None, None),
+                  "top_n_sigma": ("top_n_sigma", float, None, None), "min_keep": ("min_keep", int, 0, I32_MAX),
+                  "adaptive_target": ("adaptive_target", float, None, 1.0),
+                  "adaptive_decay": ("adaptive_decay", float, 0.0, 0.99)}
+#: llama-server fields that do not change the tokens llamaspec samples: accepted and checked
+#: (none left: ``n_keep`` / ``n_discard`` are the context shift's, GenParams)
+IGNORED: dict = {}
 
 
 def _show(v: Any) -> str:
@@ -142,6 +153,8 @@ class Defaults:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int = -1
+    #: the other samplers' settings from the command line (SamplingParams field names: mirostat, dry_*, ...)
+    sampling_extra: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -163,6 +176,11 @@ class GenParams:
     n_cmpl: int = 1
     extra: dict = field(default_factory=dict)
     probs: Any = None  # the token probabilities asked for: a llamaspec.logprobs.ProbsSpec (server.probs)
+    #: llama-server's line limits ``n_indent`` / ``t_max_predict_ms`` (llamaspec.text.TextStream), when given
+    text_limits: dict = field(default_factory=dict)
+    #: llama-server's context-shift settings (llamaspec.ctx_shift; ``n_keep`` -1: the whole prompt stays)
+    n_keep: int = 0
+    n_discard: int = 0
 
 
 def parse_speculative(b: Body) -> RequestSpec | None:
@@ -228,6 +246,35 @@ def _unsupported(b: Body, tools_ok: bool) -> None:
         (b.int if kind is int else b.float)(name, None, lo=lo, hi=hi)
 
 
+def _sampler_fields(b: Body, defaults: Defaults) -> dict:
+    """llama-server's other samplers (mirostat, DRY, XTC, typical, top-n-sigma, dynamic temperature,
+    adaptive-p, ``samplers``, ``dry_sequence_breakers``) as SamplingParams keyword arguments, over the
+    command line's defaults."""
+    out = dict(defaults.sampling_extra)
+    for name, (attr, kind, lo, hi) in SAMPLER_FIELDS.items():
+        v = (b.int if kind is int else b.float)(name, None, lo=lo, hi=hi)
+        if v is not None:
+            out[attr] = v
+    if b.has("dry_base") and out["dry_base"] < 1.0:  # llama-server: below 1 means the server's default
+        out["dry_base"] = defaults.sampling_extra.get("dry_base", 1.75)
+    key, v = b.get("dry_sequence_breakers")
+    if v is not None:
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+            raise invalid(f"Field '{key}': dry_sequence_breakers must be a non-empty array of strings, "
+                          f"got {_show(v)}")
+        out["dry_sequence_breakers"] = tuple(v)
+    key, v = b.get("samplers")
+    if v is not None:
+        if not (isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))):
+            raise invalid(f"Field '{key}': an array of sampler names or a string of sampler characters, "
+                          f"got {_show(v)}")
+        try:
+            out["samplers"] = llama.sampler_order(v)
+        except UsageError as e:
+            raise invalid(f"Field '{key}': {e}") from None
+    return out
+
+
 def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
                      limits: Limits | None = None, tokenize: Callable[[str], list] | None = None,
                      tools_ok: bool = False) -> GenParams:
@@ -253,6 +300,7 @@ def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
         grammar=parse_grammar(b),
         logit_bias=parse_logit_bias(b, tokenize),
         ignore_eos=b.bool("ignore_eos", False),
+        **_sampler_fields(b, defaults),
     )
     if sampling.repeat_penalty == 0.0:
         sampling.repeat_penalty = 1.0  # llama.cpp: 0 and 1 both mean off
@@ -274,6 +322,10 @@ def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
         return_progress=b.bool("return_progress", False),
         n_cmpl=b.int("n", 1, aliases=("n_cmpl",), lo=1, hi=MAX_N_CMPL),
         probs=parse_probs(b),
+        n_keep=b.int("n_keep", 0, lo=-1, hi=I32_MAX),
+        n_discard=b.int("n_discard", 0, lo=0, hi=I32_MAX),
+        text_limits={k: v for k in ("n_indent", "t_max_predict_ms")
+                     if (v := b.int(k, 0, lo=-1 if k == "t_max_predict_ms" else 0)) and v > 0},
     )
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import __version__
+from .. import _llama as llama
 from . import formats
 from .jobs import Renderer
-from .parsing import Defaults, GenParams
+from .parsing import SAMPLER_FIELDS, Defaults, GenParams
 from .probs import ProbsRender
 from .tools import ToolSpec, ToolStream, parse_output
 
@@ -242,7 +243,7 @@ class NativeRenderer(Renderer):
             "index": i, "content": "" if stream else req.text,
             "tokens": list(req.tokens) if self.gen.return_tokens and not stream else [],
             "id_slot": _slot_id(req), "stop": True, "model": self.model,
-            "tokens_predicted": st.n_predicted, "tokens_evaluated": st.n_prompt,
+            "tokens_predicted": formats.n_predicted(st), "tokens_evaluated": st.n_prompt,
             "generation_settings": generation_settings(eng, self.gen, self.state.config.defaults, self.model) if eng else {},
             "prompt": eng.vocab.detokenize(req.prompt_tokens, unparse_special=True) if eng else "",
             "has_new_line": "\n" in req.text, "truncated": req.truncated,
@@ -270,6 +271,14 @@ def _logit_bias_json(eng: "Engine", s) -> list[dict]:
     return [{"token": t, "bias": None if b == float("-inf") else b} for t, b in bias.items()]
 
 
+def _other_samplers(s) -> dict:
+    """The other samplers' settings under llama-server's names (``samplers``: the order in effect)."""
+    d = {name: getattr(s, attr) for name, (attr, _k, _lo, _hi) in SAMPLER_FIELDS.items()}
+    d["dry_sequence_breakers"] = list(s.dry_sequence_breakers)
+    d["samplers"] = list(s.samplers if s.samplers is not None else llama.SAMPLER_ORDER)
+    return d
+
+
 def generation_settings(eng: "Engine", gen: GenParams | None, defaults: Defaults, model_id: str) -> dict:
     """llama-server's ``generation_settings`` / slot ``params`` (the fields llamaspec has)."""
     spec = eng.spec
@@ -282,6 +291,7 @@ def generation_settings(eng: "Engine", gen: GenParams | None, defaults: Defaults
              "n_probs": gen.probs.n_probs if getattr(gen, "probs", None) else 0,
              "post_sampling_probs": bool(getattr(gen, "probs", None) and gen.probs.post_sampling),
              "cache_prompt": gen.cache_prompt, "id_slot": gen.id_slot, "ignore_eos": s.ignore_eos,
+             "n_keep": gen.n_keep, "n_discard": gen.n_discard,
              "logit_bias": _logit_bias_json(eng, s)}
         rs = gen.speculative
     else:
@@ -290,8 +300,11 @@ def generation_settings(eng: "Engine", gen: GenParams | None, defaults: Defaults
              "repeat_last_n": defaults.repeat_last_n, "presence_penalty": defaults.presence_penalty,
              "frequency_penalty": defaults.frequency_penalty, "seed": defaults.seed, "stop": [], "grammar": "",
              "stream": False, "cache_prompt": True, "id_slot": -1, "ignore_eos": False, "logit_bias": [],
+             "n_keep": 0, "n_discard": 0,
              "n_probs": 0, "post_sampling_probs": False}
         rs = None
+    d.update(_other_samplers(gen.sampling if gen is not None else
+                             llama.SamplingParams(**defaults.sampling_extra)))
     n_max = eng.chain.n_max if eng.chain is not None else 0
     d.update({
         "model": model_id,

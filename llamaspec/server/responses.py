@@ -3,13 +3,20 @@
 A request becomes a chat completion request (:func:`to_chat`): ``instructions`` is a system message,
 ``input`` a string (one user message) or a list of input items (messages with ``input_text`` /
 ``output_text`` parts; consecutive assistant items are one message), ``max_output_tokens`` is ``max_tokens``,
-``text.format`` a ``response_format``. What llamaspec cannot do (images, files, tool calls, a previous
-response) is a 400 naming the item. The answer is a ``response`` object; a stream is llama-server's
-sequence of events, each sent as ``event: TYPE`` + ``data: {json}``: ``response.created``,
-``response.in_progress`` (also one per prompt-progress report with ``return_progress``),
-``response.output_item.added``, ``response.content_part.added``, ``response.output_text.delta``..., then
-``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done`` and
-``response.completed`` (with ``usage``, and ``timings`` next to it), no ``[DONE]``.
+``text.format`` a ``response_format``. Function tools (``{"type": "function", "name", "parameters"}``) are the
+chat request's ``tools``, ``tool_choice`` (``{"type": "function", "name"}`` for a named one) its
+``tool_choice``; ``function_call`` input items are the assistant's ``tool_calls``, ``function_call_output``
+items ``tool`` messages. Other tool types (OpenAI's hosted ``web_search``, ``file_search``, ...) are skipped, as
+llama-server skips them. What llamaspec cannot do (images, files, custom tools, a previous response) is a 400
+naming the item. The answer is a ``response`` object (its ``output``: a ``message`` item, then one
+``function_call`` item per call); a stream is llama-server's sequence of events, each sent as ``event: TYPE`` +
+``data: {json}``: ``response.created``, ``response.in_progress`` (also one per prompt-progress report with
+``return_progress``), ``response.output_item.added``, ``response.content_part.added``,
+``response.output_text.delta``..., a call as ``response.output_item.added``,
+``response.function_call_arguments.delta`` / ``.done`` and ``response.output_item.done`` once it is complete,
+then ``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done`` and
+``response.completed`` (with ``usage``, and ``timings`` next to it), no ``[DONE]``. Each event also has
+OpenAI's ``sequence_number`` and ``output_index`` (the official client's ``responses.stream()`` needs them).
 
 >>> to_chat({"input": "Hi", "instructions": "Be brief", "max_output_tokens": 4})["messages"]
 [{'role': 'system', 'content': 'Be brief'}, {'role': 'user', 'content': [{'type': 'text', 'text': 'Hi'}]}]
@@ -18,11 +25,13 @@ from __future__ import annotations
 
 import json
 import uuid
+import logging
 from typing import TYPE_CHECKING, Any
 
 from . import formats
 from .errors import invalid
 from .jobs import Renderer, dumps
+from .tools import ToolSpec, ToolStream, parse_output
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..request import Request
@@ -32,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["to_chat", "ResponsesRenderer"]
 
 _INPUT_ROLES = ("user", "system", "developer")
+log = logging.getLogger("llamaspec.server")
 
 
 def _text_parts(where: str, content: Any, kinds: tuple[str, ...]) -> list[dict]:
@@ -55,6 +65,47 @@ def _text_parts(where: str, content: Any, kinds: tuple[str, ...]) -> list[dict]:
     return out
 
 
+def _string(where: str, item: dict, key: str) -> str:
+    v = item.get(key)
+    if not isinstance(v, str) or (key != "arguments" and not v):
+        raise invalid(f"Field '{where}.{key}': a '{item.get('type')}' item needs a string '{key}'")
+    return v
+
+
+def _function_call(where: str, item: dict, msgs: list[dict]) -> None:
+    """A ``function_call`` item: a call in the previous assistant message's ``tool_calls`` (a new assistant
+    message when the previous one is not the assistant's)."""
+    call = {"id": _string(where, item, "call_id"), "type": "function",
+            "function": {"name": _string(where, item, "name"), "arguments": _string(where, item, "arguments")}}
+    if msgs and msgs[-1]["role"] == "assistant":
+        msgs[-1].setdefault("tool_calls", []).append(call)
+    else:
+        msgs.append({"role": "assistant", "content": [], "tool_calls": [call]})
+
+
+def _function_output(where: str, item: dict) -> dict:
+    """A ``function_call_output`` item: a ``tool`` message (``output`` a string or ``input_text`` parts)."""
+    out = item.get("output")
+    if isinstance(out, list):
+        out = _output_parts(where, out)
+    elif not isinstance(out, str):
+        raise invalid(f"Field '{where}.output': expected a string or a list of 'input_text' parts")
+    return {"role": "tool", "tool_call_id": _string(where, item, "call_id"), "content": out}
+
+
+def _output_parts(where: str, parts: list) -> list[dict]:
+    out = []
+    for j, part in enumerate(parts):
+        t = part.get("type") if isinstance(part, dict) else None
+        if t == "input_text" and isinstance(part.get("text"), str):
+            out.append({"type": "text", "text": part["text"]})
+        elif t in ("input_image", "input_file"):
+            raise invalid(f"Field '{where}.output[{j}]': '{t}' is not supported: this server is text-only")
+        else:
+            raise invalid(f"Field '{where}.output[{j}]': expected an 'input_text' part with a string 'text'")
+    return out
+
+
 def _messages(items: list) -> list[dict]:
     msgs: list[dict] = []
     for i, item in enumerate(items):
@@ -62,8 +113,14 @@ def _messages(items: list) -> list[dict]:
         if not isinstance(item, dict):
             raise invalid(f"Field '{where}': expected an input item (an object with 'role' and 'content')")
         role, kind = item.get("role"), item.get("type")
-        if kind in ("function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"):
-            raise invalid(f"Field '{where}': '{kind}' items are not supported: llamaspec serve does no tool calls")
+        if kind == "function_call":
+            _function_call(where, item, msgs)
+            continue
+        if kind == "function_call_output":
+            msgs.append(_function_output(where, item))
+            continue
+        if kind in ("custom_tool_call", "custom_tool_call_output"):
+            raise invalid(f"Field '{where}': '{kind}' items are not supported: llamaspec serve calls function tools")
         if kind == "reasoning":
             raise invalid(f"Field '{where}': 'reasoning' items are not supported by llamaspec serve")
         if kind not in (None, "message"):
@@ -93,6 +150,41 @@ def _response_format(fmt: Any) -> dict | None:
     return fmt
 
 
+def _tools(raw: Any) -> list[dict]:
+    """The Responses API's function tools as chat tools (``{"type": "function", "function": {...}}``); the
+    other tool types skipped with a warning, as llama-server does."""
+    if not isinstance(raw, list):
+        raise invalid("Field 'tools': expected a list of tools such as {\"type\": \"function\", \"name\": ...}")
+    out = []
+    for i, t in enumerate(raw):
+        if not isinstance(t, dict):
+            raise invalid(f"Field 'tools[{i}]': expected an object {{\"type\": \"function\", \"name\", \"parameters\"}}")
+        kind = t.get("type")
+        if kind != "function":
+            log.warning("a Responses tool of type %r is skipped: only function tools are offered to the model", kind)
+            continue
+        if not isinstance(t.get("name"), str) or not t["name"]:
+            raise invalid(f"Field 'tools[{i}].name': expected a non-empty string")
+        if t.get("parameters") is not None and not isinstance(t["parameters"], dict):
+            raise invalid(f"Field 'tools[{i}].parameters': expected a JSON schema object")
+        out.append({"type": "function", "function": {k: v for k, v in t.items() if k != "type" and v is not None}})
+    return out
+
+
+def _tool_choice(choice: Any, tools: list[dict]) -> Any:
+    """``tool_choice`` of the Responses API as the chat one."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        names = [t["function"]["name"] for t in tools]
+        if choice.get("name") not in names:
+            raise invalid(f"Field 'tool_choice.name': {json.dumps(choice.get('name'))} is not one of the function "
+                          f"tools ({', '.join(names) or 'none given'})")
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise invalid("Field 'tool_choice': expected \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                  f"\"name\": ...}}, got {json.dumps(choice)[:60]}")
+
+
 def to_chat(body: dict) -> dict:
     """A Responses API request body as the chat completion request it stands for (400 on what is not there
     or not supported)."""
@@ -101,7 +193,14 @@ def to_chat(body: dict) -> dict:
     if body.get("previous_response_id"):
         raise invalid("Field 'previous_response_id' is not supported: send the whole conversation in 'input'")
     out = {k: v for k, v in body.items() if k not in ("input", "instructions", "max_output_tokens", "text",
-                                                     "reasoning", "previous_response_id", "store")}
+                                                     "reasoning", "previous_response_id", "store", "tools",
+                                                     "tool_choice")}
+    tools = _tools(body["tools"]) if body.get("tools") is not None else []
+    if tools:
+        out["tools"] = tools
+    choice = _tool_choice(body.get("tool_choice"), tools)
+    if choice is not None:
+        out["tool_choice"] = choice
     msgs: list[dict] = []
     instr = body.get("instructions")
     if instr is not None:
@@ -133,20 +232,36 @@ def to_chat(body: dict) -> dict:
     return out
 
 
+def _call_item(call: dict, status: str = "completed") -> dict:
+    """A chat ``tool_calls`` entry as a Responses ``function_call`` output item (llama-server's ids: ``fc_``,
+    ``call_``)."""
+    f = call["function"]
+    return {"id": "fc_" + call["id"].removeprefix("call_"), "type": "function_call", "status": status,
+            "arguments": f["arguments"] if status == "completed" else "", "call_id": call["id"], "name": f["name"]}
+
+
 class ResponsesRenderer(Renderer):
-    """``/v1/responses``: a ``response`` object, or llama-server's stream of Responses events."""
+    """``/v1/responses``: a ``response`` object, or llama-server's stream of Responses events (``tools``: the
+    request's, when the output is parsed into function calls)."""
 
     openai = False  # the stream ends with response.completed, no [DONE]
 
-    def __init__(self, state: "ServerState", gen: "GenParams", model: str):
+    def __init__(self, state: "ServerState", gen: "GenParams", model: str, tools: ToolSpec | None = None):
         self.state, self.gen, self.model = state, gen, model
         self.id = "resp_" + uuid.uuid4().hex  # OpenAI's (and llama-server's) prefixes: resp_, msg_
         self.msg_id = "msg_" + uuid.uuid4().hex
         self.created = formats.now()
+        self.tools = tools if tools is not None and tools.parse else None
+        self._stream = ToolStream(self.tools) if self.tools is not None else None
         self._begun = False
-        self._text_begun = False
+        self._msg_index: int | None = None  # the message item's output_index once its text began
+        self._text = ""  # the message's text so far (a stream)
+        self._items: list[tuple[int, dict]] = []  # (output_index, item) of the calls streamed
+        self._seq = 0
 
     def encode(self, obj: dict) -> bytes:
+        obj = {**obj, "sequence_number": self._seq}
+        self._seq += 1
         return b"event: " + obj["type"].encode() + b"\ndata: " + dumps(obj) + b"\n\n"
 
     def _timings(self, st) -> dict:
@@ -166,6 +281,37 @@ class ResponsesRenderer(Renderer):
         elif extra is not None:
             yield {"type": "response.in_progress", "response": self._stub(), **extra}
 
+    def _next_index(self) -> int:
+        return len(self._items) + (self._msg_index is not None)
+
+    def _text_events(self, text: str):
+        if self._msg_index is None:
+            self._msg_index = self._next_index()
+            yield {"type": "response.output_item.added", "output_index": self._msg_index,
+                   "item": {"content": [], "id": self.msg_id, "role": "assistant", "status": "in_progress",
+                            "type": "message"}}
+            yield {"type": "response.content_part.added", "item_id": self.msg_id, "output_index": self._msg_index,
+                   "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}
+        self._text += text
+        yield {"type": "response.output_text.delta", "item_id": self.msg_id, "output_index": self._msg_index,
+               "content_index": 0, "delta": text}
+
+    def _call_events(self, call: dict):
+        """A complete call: its item added, its arguments in one delta, done."""
+        k = self._next_index()
+        item = _call_item(call)
+        self._items.append((k, item))
+        yield {"type": "response.output_item.added", "output_index": k, "item": _call_item(call, "in_progress")}
+        yield {"type": "response.function_call_arguments.delta", "item_id": item["id"], "output_index": k,
+               "delta": item["arguments"]}
+        yield {"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": k,
+               "name": item["name"], "arguments": item["arguments"]}
+        yield {"type": "response.output_item.done", "output_index": k, "item": item}
+
+    def _events(self, events):
+        for kind, v in events:
+            yield from (self._text_events(v) if kind == "content" else self._call_events(v))
+
     def stream_chunk(self, i, req, ch):
         progress = getattr(ch, "progress", None)
         if progress is not None:
@@ -177,47 +323,44 @@ class ResponsesRenderer(Renderer):
         if not ch.text:
             return
         yield from self._begin()
-        if not self._text_begun:
-            self._text_begun = True
-            yield {"type": "response.output_item.added", "item": {"content": [], "id": self.msg_id,
-                                                                  "role": "assistant", "status": "in_progress",
-                                                                  "type": "message"}}
-            yield {"type": "response.content_part.added", "item_id": self.msg_id,
-                   "part": {"type": "output_text", "text": ""}}
-        d = {"type": "response.output_text.delta", "item_id": self.msg_id, "delta": ch.text}
-        if self.gen.timings_per_token:
-            d["timings"] = self._timings(req.stats)
-        yield d
+        evs = list(self._events(self._stream.feed(ch.text) if self._stream is not None else [("content", ch.text)]))
+        if evs and self.gen.timings_per_token:
+            evs[-1]["timings"] = self._timings(req.stats)
+        yield from evs
 
-    def _output(self, text: str) -> list[dict]:
-        if not text:
-            return []
+    def _message(self, text: str) -> dict:
         part = {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
-        return [{"type": "message", "status": "completed", "id": self.msg_id, "content": [part],
-                 "role": "assistant"}]
+        return {"type": "message", "status": "completed", "id": self.msg_id, "content": [part], "role": "assistant"}
 
     @staticmethod
     def _usage(req: "Request") -> dict:
-        st = req.stats
-        return {"input_tokens": st.n_prompt, "output_tokens": st.n_predicted, "total_tokens": st.n_prompt + st.n_predicted,
+        st, n = req.stats, formats.n_predicted(req.stats)
+        return {"input_tokens": st.n_prompt, "output_tokens": n, "total_tokens": st.n_prompt + n,
                 "input_tokens_details": {"cached_tokens": int(getattr(st, "n_cached", 0) or 0)}}
 
     def stream_finish(self, i, req):
         yield from self._begin()
-        output = self._output(req.text)
-        if output:
-            part = output[0]["content"][0]
-            yield {"type": "response.output_text.done", "item_id": self.msg_id, "text": req.text}
-            yield {"type": "response.content_part.done", "item_id": self.msg_id, "part": part}
-            yield {"type": "response.output_item.done", "item": output[0]}
+        if self._stream is not None:
+            yield from self._events(self._stream.finish())
+        output = sorted(self._items, key=lambda x: x[0])
+        if self._msg_index is not None:
+            msg = self._message(self._text)
+            part = msg["content"][0]
+            k = self._msg_index
+            yield {"type": "response.output_text.done", "item_id": self.msg_id, "output_index": k, "content_index": 0,
+                   "text": self._text}
+            yield {"type": "response.content_part.done", "item_id": self.msg_id, "output_index": k,
+                   "content_index": 0, "part": part}
+            yield {"type": "response.output_item.done", "output_index": k, "item": msg}
+            output = sorted(output + [(k, msg)], key=lambda x: x[0])
         yield {"type": "response.completed",
                "response": {"id": self.id, "object": "response", "created_at": formats.now(), "status": "completed",
-                            "model": self.model, "output": output, "usage": self._usage(req)},
+                            "model": self.model, "output": [item for _, item in output], "usage": self._usage(req)},
                "timings": self._timings(req.stats)}
 
     def whole(self, reqs):
         req = reqs[0]
-        t = formats.now()
-        return {"completed_at": t, "created_at": self.created, "id": self.id, "model": self.model,
-                "object": "response", "output": self._output(req.text), "status": "completed",
-                "usage": self._usage(req)}
+        text, calls = (parse_output(req.text, self.tools) if self.tools is not None else (req.text, []))
+        output = ([self._message(text)] if text else []) + [_call_item(c) for c in calls]
+        return {"completed_at": formats.now(), "created_at": self.created, "id": self.id, "model": self.model,
+                "object": "response", "output": output, "status": "completed", "usage": self._usage(req)}

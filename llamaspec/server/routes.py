@@ -43,7 +43,9 @@ def _tokenizer(eng: "Engine"):
 def _submit_kwargs(eng: "Engine", gen: GenParams) -> dict:
     return {"n_predict": gen.n_predict, "sampling": gen.sampling, "stop": gen.stop, "speculative": gen.speculative,
             "id_slot": gen.id_slot, "cache_prompt": gen.cache_prompt, "probs": gen.probs,
-            **({"progress": True} if gen.return_progress and gen.stream else {})}
+            **({"progress": True} if gen.return_progress and gen.stream else {}),
+            **({"text_limits": gen.text_limits} if gen.text_limits else {}),
+            **({"n_keep": gen.n_keep, "n_discard": gen.n_discard} if gen.n_keep or gen.n_discard else {})}
 
 
 def submit(state: ServerState, prompts: list[list[int]], gen: GenParams) -> JobGroup:
@@ -190,8 +192,9 @@ async def responses(request: HttpRequest):
     state = _state(request)
     eng = state.need_engine()
     b = Body(to_chat((await _body(request)).data))
-    gen, group = await _generation(state, b, _chat_prompts(state, eng))
-    return _respond(state, gen, group, lambda: ResponsesRenderer(state, gen, _model_name(b, state)))
+    tools = parse_tools(b.data)  # the function tools, as the chat route's
+    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools)
+    return _respond(state, gen, group, lambda: ResponsesRenderer(state, gen, _model_name(b, state), tools))
 
 
 async def apply_template(request: HttpRequest):

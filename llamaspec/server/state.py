@@ -58,6 +58,10 @@ class ServerConfig:
     mcp_proxy: bool = False
     #: the ``--max-*`` bounds (:mod:`llamaspec.server.limits`)
     limits: Limits = field(default_factory=Limits)
+    #: ``--slot-save-path``: the directory of ``POST /slots/{id}?action=save|restore`` files (None: 501)
+    slot_save_path: str | None = None
+    #: ``--spm-infill``: ``/infill`` prompts in suffix/prefix/middle order (default prefix/suffix/middle)
+    spm_infill: bool = False
 
 
 class ServerState:

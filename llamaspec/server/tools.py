@@ -3,7 +3,9 @@ messages' ``tool_calls`` / ``tool_call_id`` made ready for a Jinja chat template
 grammar of ``tool_choice: "required"`` or a named function (:meth:`ToolSpec.grammar`), and the model's text
 parsed back into calls (:class:`ToolStream`, :func:`parse_output`) for the common template families:
 Hermes / Qwen ``<tool_call>{json}</tool_call>``, Llama 3.x JSON (after ``<|python_tag|>`` or alone), Mistral
-``[TOOL_CALLS][{...}]`` (and ``[TOOL_CALLS]name[ARGS]{...}``), and a whole output that is a JSON call.
+``[TOOL_CALLS][{...}]`` (and ``[TOOL_CALLS]name[ARGS]{...}``), a whole output that is a JSON call, and pythonic
+calls (:mod:`~llamaspec.server.pythonic`): Gemma 3's `` ```tool_code`` block, a whole output ``[f(x=1), g(y="a")]``
+(Llama 3.2, Gemma prompts) of the request's tools.
 
 >>> spec = parse_tools({"tools": [{"type": "function", "function": {"name": "f"}}]})
 >>> parse_output('Sure. <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', spec, ids=iter(["c1"]))
@@ -20,13 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from .errors import invalid
+from .pythonic import parse_calls as pythonic_calls
 
 __all__ = ["ToolSpec", "ToolStream", "message_extras", "parse_output", "parse_tools", "new_call_id"]
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL = "[TOOL_CALLS]"
 PYTHON_TAG = "<|python_tag|>"
-_MARKERS = (HERMES_OPEN, MISTRAL, PYTHON_TAG)
+TOOL_CODE, FENCE_CLOSE = "```tool_code", "```"  # Gemma 3
+_MARKERS = (HERMES_OPEN, MISTRAL, PYTHON_TAG, TOOL_CODE)
+_CLOSE = {HERMES_OPEN: HERMES_CLOSE, TOOL_CODE: FENCE_CLOSE}
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 
 
@@ -250,7 +255,7 @@ def _json_values(text: str) -> list | None:
 
 def _tail_calls(text: str, known: list[str]) -> list[dict] | None:
     """Calls of the text held to the end: after ``[TOOL_CALLS]``, ``<|python_tag|>``, or a whole output that
-    looks like JSON (then the names must be the tools')."""
+    looks like JSON or a pythonic list of calls (then the names must be the tools')."""
     if text.startswith(MISTRAL):
         out: list[dict] = []
         for seg in text.split(MISTRAL)[1:]:
@@ -271,7 +276,7 @@ def _tail_calls(text: str, known: list[str]) -> list[dict] | None:
     m = _FENCE.match(body.strip())
     vals = _json_values(m.group(1) if m else body)
     if not vals:
-        return None
+        return pythonic_calls(body, None if tagged else known)
     out = []
     for v in vals:
         cs = _calls(v, None if tagged else known)
@@ -291,13 +296,14 @@ def _held_prefix(buf: str) -> int:
 
 class ToolStream:
     """The model's text, fed as it comes, as events: ``("content", text)`` and ``("call", {"id", "type",
-    "function": {"name", "arguments"}})``. A ``<tool_call>`` block is a call as soon as it closes; what follows
-    ``[TOOL_CALLS]`` or ``<|python_tag|>``, and an output that opens with JSON, is held to the end. What does not
-    parse stays content, as it was written."""
+    "function": {"name", "arguments"}})``. A ``<tool_call>`` or `` ```tool_code`` block is a call as soon as it
+    closes; what follows ``[TOOL_CALLS]`` or ``<|python_tag|>``, and an output that opens with JSON (or ``[``), is
+    held to the end. What does not parse stays content, as it was written."""
 
     def __init__(self, spec: ToolSpec, ids: Iterator[str] | None = None):
         self.spec, self.ids = spec, ids
         self.buf, self.mode, self.started, self.n_calls = "", "text", False, 0
+        self.open = ""  # the marker of the block in "tag" mode
 
     def _call_event(self, c: dict) -> list:
         if self.n_calls and self.spec.parallel is False:
@@ -317,10 +323,10 @@ class ToolStream:
             if self.mode == "text":
                 if not self.started:
                     s = self.buf.lstrip()
-                    if not s:
-                        return out
+                    if not s or (len(s) < len(TOOL_CODE) and TOOL_CODE.startswith(s)):
+                        return out  # "`", "```", "```tool": a fence, but which one
                     self.started = True
-                    if s[0] in "{[" or s.startswith("```"):
+                    if s[0] in "{[" or (s.startswith("```") and not s.startswith(TOOL_CODE)):
                         self.mode = "json"
                         return out
                 hits = [(self.buf.find(mk), mk) for mk in _MARKERS if mk in self.buf]
@@ -334,20 +340,24 @@ class ToolStream:
                 if at:
                     out.append(("content", self.buf[:at]))
                 self.buf = self.buf[at:]
-                self.mode = "tag" if mk == HERMES_OPEN else "tail"
+                self.mode, self.open = ("tag", mk) if mk in _CLOSE else ("tail", "")
             elif self.mode == "tag":
-                end = self.buf.find(HERMES_CLOSE)
+                close = _CLOSE[self.open]
+                end = self.buf.find(close, len(self.open))
                 if end < 0:
                     return out
-                block, self.buf = self.buf[:end + len(HERMES_CLOSE)], self.buf[end + len(HERMES_CLOSE):]
+                block, self.buf = self.buf[:end + len(close)], self.buf[end + len(close):]
                 out.extend(self._block(block))
                 self.mode = "text"
             else:
                 return out  # tail / json: held to the end
 
     def _block(self, block: str) -> list:
-        vals = _json_values(block[len(HERMES_OPEN):].removesuffix(HERMES_CLOSE))
+        body = block[len(self.open):].removesuffix(_CLOSE[self.open])
+        vals = _json_values(body)
         cs = _calls(vals[0], None) if vals and len(vals) == 1 else None
+        if cs is None and self.open == TOOL_CODE:
+            cs = pythonic_calls(body)
         return self._calls(cs) if cs else [("content", block)]
 
     def finish(self) -> list:

@@ -145,9 +145,11 @@ def verifier_for(mode: str, sampler: "TargetSampler", sampling: "llama.SamplingP
                  is_eog: Callable[[int], bool], synth_cond: Sequence[float] | None) -> Verifier:
     """The verifier of one request (``sampler``: its target sampler, ``sampling``: its settings). ``mode`` is
     the engine's (``match`` / ``rejection``); synthetic acceptance wins when configured; greedy requests
-    verify by sample-and-match (rejection sampling of a point mass is the same rule)."""
+    verify by sample-and-match (rejection sampling of a point mass is the same rule), and so do chains whose
+    pick is not ``dist`` over a readable distribution (mirostat, XTC, adaptive-p: sample-and-match is exact
+    for any chain)."""
     if synth_cond is not None:
         return SynthVerifier(sampler, ctx, is_eog, synth_cond, sampling.seed)
-    if mode == "rejection" and not sampling.greedy:
+    if mode == "rejection" and not sampling.greedy and not llama.picks_in_chain(sampling):
         return RejectionVerifier(sampler, ctx, is_eog, sampling)
     return MatchVerifier(sampler, ctx, is_eog)

@@ -1,0 +1,79 @@
+"""``POST /slots/{id_slot}?action=save|restore|erase``: llama-server's slot files (``--slot-save-path DIR``).
+
+* ``save`` (body ``{"filename": NAME}``): the slot's prompt cache (its tokens and the target's state of them)
+  to ``DIR/NAME`` in llama-server's file format (:mod:`llamaspec.slot_file`);
+  ``{"id_slot", "filename", "n_saved", "n_written", "timings": {"save_ms"}}``.
+* ``restore`` (same body): that file into the slot: the next request whose prompt shares a prefix with the
+  saved tokens decodes only the rest (``timings.cache_n``);
+  ``{"id_slot", "filename", "n_restored", "n_read", "timings": {"restore_ms"}}``. A file that cannot be
+  restored is a 400 ``Unable to restore slot: ...`` and leaves the slot empty.
+* ``erase``: drop the slot's prompt cache; ``{"id_slot", "n_erased"}``.
+
+A busy slot is waited for (llama-server defers the task). The file name follows llama-server's rule (no path
+separators, no ``..``: ``llamaspec.slot_file.valid_filename``), else 400 ``Invalid filename``; without
+``--slot-save-path`` every action is a 501, as in llama-server. The engine side is
+:mod:`llamaspec.slot_state` (the draft context is cleared and catches up on the next request). Differs on
+purpose: a body without ``filename`` is a 400 (llama-server: 500).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse
+
+from ..errors import LlamaSpecError
+from ..slot_file import SlotFileError, valid_filename
+from ..slot_state import erase_slot, restore_slot_file, save_slot_file
+from .errors import ApiError, api_error, invalid, not_supported
+from .jobs import in_worker
+from .routes import _body, _state
+
+__all__ = ["slot_action"]
+
+
+async def slot_action(request: HttpRequest):
+    state = _state(request)
+    directory = state.config.slot_save_path
+    if not directory:
+        raise not_supported("This server does not support slots action. Start it with `--slot-save-path`")
+    eng = state.need_engine()
+    try:
+        id_slot = int(request.path_params["id_slot"])
+    except ValueError:
+        raise invalid("Invalid slot ID") from None
+    action = request.query_params.get("action")
+    if action not in ("save", "restore", "erase"):
+        raise invalid("Invalid action")
+    if not 0 <= id_slot < eng.n_parallel:
+        raise invalid("Invalid slot ID")
+    if action == "erase":
+        n = await in_worker(lambda: erase_slot(eng, id_slot))
+        return JSONResponse({"id_slot": id_slot, "n_erased": n})
+    b = await _body(request)
+    filename = b.data.get("filename")
+    if not isinstance(filename, str):
+        raise invalid("Field 'filename': expected the name of a file in the --slot-save-path directory")
+    if not valid_filename(filename):
+        raise invalid("Invalid filename")
+    path = os.path.join(directory, filename)
+    t0 = time.perf_counter()
+    try:
+        if action == "save":
+            n_tokens, n_bytes = await in_worker(lambda: save_slot_file(eng, id_slot, path))
+        else:
+            n_tokens, n_bytes = await in_worker(lambda: restore_slot_file(eng, id_slot, path))
+    except SlotFileError as e:
+        raise invalid(f"Unable to restore slot: {e}") from e
+    except (OSError, LlamaSpecError) as e:
+        err = api_error(e)
+        if isinstance(err, ApiError) and err.code != 500:
+            raise err from e
+        raise ApiError(500, f"Unable to {action} slot: {e}", "server_error") from e
+    ms = (time.perf_counter() - t0) * 1e3
+    if action == "save":
+        return JSONResponse({"id_slot": id_slot, "filename": filename, "n_saved": n_tokens, "n_written": n_bytes,
+                             "timings": {"save_ms": ms}})
+    return JSONResponse({"id_slot": id_slot, "filename": filename, "n_restored": n_tokens, "n_read": n_bytes,
+                         "timings": {"restore_ms": ms}})

@@ -1,0 +1,211 @@
+"""Slot save / restore / erase: ``POST /slots/{id}?action=...`` with ``--slot-save-path`` on a real
+``llamaspec serve`` process (draft-simple with the tiny draft: the draft context must catch up after a
+restore), the engine side (:mod:`llamaspec.slot_state`) on PART, SWA and FULL memories, llama-server's file
+format (the packed and the legacy token list), and ``llamaspec.Llama.save_state`` / ``load_state``."""
+from __future__ import annotations
+
+import pickle
+import struct
+
+import pytest
+
+from llamaspec import slot_state
+from llamaspec.engine import Engine
+from llamaspec.slot_file import SlotFileError
+from llamaspec.testing.tiny_models import write_model
+
+PROMPT = [(i * 7 + 3) % 64 for i in range(30)]
+OTHER = [(i * 5 + 1) % 64 for i in range(12)]
+N = 16
+
+
+def _completion(http, prompt, slot: int, **kw) -> dict:
+    r = http.post("/completion", json={"prompt": prompt, "id_slot": slot, "n_predict": N, "temperature": 0,
+                                       "cache_prompt": True, "return_tokens": True, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    from test_server import Server
+
+    d = tmp_path_factory.mktemp("slots")
+    (d / "files").mkdir()
+    target = write_model("llama", d / "llama.gguf", n_ctx=1024)
+    draft = write_model("llama-draft", d / "llama-draft.gguf", n_ctx=1024)
+    srv = Server(["-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "--no-spec-draft-adaptive",
+                  "-np", "2", "-c", "1024", "-b", "32", "-t", "1", "--slot-save-path", str(d / "files")],
+                 d / "server.log")
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        yield c, d / "files"
+    srv.stop()
+
+
+def test_save_erase_restore_reuses_the_cache_exactly(served):
+    http, files = served
+    first = _completion(http, PROMPT, 1)
+    assert first["timings"]["prompt_n"] == len(PROMPT) and first["timings"]["draft_n"] > 0
+    r = http.post("/slots/1?action=save", json={"filename": "slot1.bin"})
+    n_cached = len(PROMPT) + N - 1  # the last sampled token is never decoded
+    assert r.status_code == 200 and r.json()["n_saved"] == n_cached and r.json()["id_slot"] == 1
+    assert r.json()["n_written"] == (files / "slot1.bin").stat().st_size and "save_ms" in r.json()["timings"]
+    assert (files / "slot1.bin").read_bytes()[:4] == struct.pack("=I", 0x67677371)  # llama.cpp's 'ggsq'
+    r = http.post("/slots/1?action=erase")
+    assert r.json() == {"id_slot": 1, "n_erased": n_cached}
+    again = _completion(http, PROMPT, 1)  # erased: the whole prompt again, same text
+    assert again["timings"]["cache_n"] == 0 and again["tokens"] == first["tokens"]
+    _completion(http, OTHER, 0)  # slot 0 holds something else
+    r = http.post("/slots/0?action=restore", json={"filename": "slot1.bin"})
+    assert r.status_code == 200 and r.json()["n_restored"] == n_cached and r.json()["n_read"] > 0
+    restored = _completion(http, PROMPT, 0)
+    assert restored["timings"]["cache_n"] == len(PROMPT) - 1 and restored["timings"]["prompt_n"] == 1
+    assert restored["tokens"] == first["tokens"]
+    assert restored["timings"]["draft_n"] > 0  # the draft context caught up with the restored tokens
+    slots = {s["id"]: s for s in http.get("/slots").json()}
+    assert slots[0]["n_cached"] == n_cached
+
+
+def test_legacy_token_list_restores(served):
+    """A file whose token list is the plain one of older llama-servers (upstream's test_slot_save.py rewrite)."""
+    http, files = served
+    _completion(http, PROMPT, 1)
+    assert http.post("/slots/1?action=save", json={"filename": "legacy.bin"}).status_code == 200
+    data = bytearray((files / "legacy.bin").read_bytes())
+    n_words = struct.unpack_from("=I", data, 8)[0]
+    n_tokens = struct.unpack_from("=I", data, 12 + 8)[0]
+    assert n_words == n_tokens + 4
+    data = data[:12] + data[24:24 + 4 * n_tokens] + data[12 + 4 * n_words:]
+    struct.pack_into("=I", data, 8, n_tokens)
+    (files / "legacy.bin").write_bytes(bytes(data))
+    r = http.post("/slots/0?action=restore", json={"filename": "legacy.bin"})
+    assert r.status_code == 200 and r.json()["n_restored"] == n_tokens
+    assert _completion(http, PROMPT, 0)["timings"]["prompt_n"] == 1
+
+
+@pytest.mark.parametrize("path,body,code,needle", [
+    ("/slots/0?action=save", {"filename": "../escape.bin"}, 400, "Invalid filename"),
+    ("/slots/0?action=save", {"filename": "a/b.bin"}, 400, "Invalid filename"),
+    ("/slots/0?action=save", {"filename": ".."}, 400, "Invalid filename"),
+    ("/slots/0?action=restore", {"filename": "x\\y"}, 400, "Invalid filename"),
+    ("/slots/0?action=save", {}, 400, "Field 'filename'"),
+    ("/slots/0?action=nope", {"filename": "x"}, 400, "Invalid action"),
+    ("/slots/7?action=save", {"filename": "x"}, 400, "Invalid slot ID"),
+    ("/slots/x?action=save", {"filename": "x"}, 400, "Invalid slot ID"),
+    ("/slots/0?action=restore", {"filename": "missing.bin"}, 400, "Unable to restore slot"),
+])
+def test_bad_slot_actions(served, path, body, code, needle):
+    http, files = served
+    r = http.post(path, json=body)
+    assert r.status_code == code and needle in r.json()["error"]["message"], r.text
+    assert not (files.parent / "escape.bin").exists()
+
+
+def test_a_bad_file_leaves_the_slot_empty(served):
+    http, files = served
+    _completion(http, PROMPT, 0)
+    (files / "junk.bin").write_bytes(b"not a state file at all")
+    r = http.post("/slots/0?action=restore", json={"filename": "junk.bin"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("Unable to restore slot: ")
+    assert _completion(http, PROMPT, 0)["timings"]["cache_n"] == 0
+
+
+def test_without_slot_save_path_501(tiny_models):
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    from starlette.testclient import TestClient
+
+    from llamaspec.server.app import ServerConfig, ServerState, create_app
+
+    with Engine(tiny_models["llama"], n_ctx=256) as eng:
+        state = ServerState(ServerConfig(model_id="tiny", chat_template="chatml"), engine=eng)
+        with TestClient(create_app(state)) as c:
+            for action in ("save", "restore", "erase"):
+                r = c.post(f"/slots/0?action={action}", json={"filename": "x"})
+                assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+                assert "--slot-save-path" in r.json()["error"]["message"]
+
+
+def test_slot_save_path_must_be_a_directory(tmp_path):
+    from click.testing import CliRunner
+
+    from llamaspec.cli.serve import serve
+
+    r = CliRunner().invoke(serve, ["--slot-save-path", str(tmp_path / "nope")], catch_exceptions=False)
+    assert r.exit_code == 2 and "not a directory" in r.output, r.output
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3", "mamba"])
+def test_engine_export_import(tiny_model, tmp_path, kind):
+    """PART, SWA (iSWA cache) and FULL (recurrent) targets: a restored slot continues exactly. A FULL memory
+    reuses only the whole cached sequence, and a restored SWA cache holds only the last window (a shorter
+    prefix cannot be trimmed back, as in llama-server), so their next prompt extends the saved tokens."""
+    with Engine(tiny_model(kind), n_ctx=512, n_parallel=2, cache_prompt=True) as eng:
+        first = eng.generate(PROMPT, n_predict=N, id_slot=1)
+        saved = slot_state.export_slot(eng, 1)
+        assert list(saved.tokens) == PROMPT + first.tokens[:-1]
+        n, n_bytes = slot_state.save_slot_file(eng, 1, tmp_path / "s.bin")
+        assert n == len(saved.tokens) and n_bytes == (tmp_path / "s.bin").stat().st_size
+        eng.generate(OTHER, n_predict=4, id_slot=0)
+        nxt = PROMPT if kind == "llama" else PROMPT + first.tokens
+        ref = eng.generate(nxt, n_predict=N, id_slot=1)  # slot 1 still holds the saved cache: the reference
+        for restore in (lambda: slot_state.import_slot(eng, 0, saved),
+                        lambda: slot_state.restore_slot_file(eng, 0, tmp_path / "s.bin")):
+            eng.generate(OTHER, n_predict=4, id_slot=0)
+            restore()
+            got = eng.generate(nxt, n_predict=N, id_slot=0)
+            assert got.tokens == ref.tokens and got.stats.n_cached == ref.stats.n_cached > 0
+        assert slot_state.erase_slot(eng, 0) == len(nxt) + N - 1
+        assert eng.generate(nxt, n_predict=N, id_slot=0).stats.n_cached == 0
+
+
+@pytest.mark.parametrize("reuse_kv", [True, False])
+def test_restored_slot_with_a_draft_model(tiny_model, reuse_kv):
+    """The draft context is not in the saved state: after a restore it is empty, and the next request decodes
+    the reused prefix into it before its prompt goes on (with draft-KV reuse and with plain mirroring)."""
+    from llamaspec.params import SpecParams
+
+    spec = SpecParams()
+    spec.add_types("draft-simple")
+    spec.draft.n_max, spec.draft_adaptive, spec.draft.reuse_kv = 3, False, reuse_kv
+    with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec, n_ctx=512, n_parallel=2,
+                cache_prompt=True) as eng:
+        first = eng.generate(PROMPT, n_predict=N, id_slot=1)
+        saved = slot_state.export_slot(eng, 1)
+        eng.generate(OTHER, n_predict=4, id_slot=0)
+        slot_state.import_slot(eng, 0, saved)
+        got = eng.generate(PROMPT, n_predict=N, id_slot=0)
+        assert got.tokens == first.tokens and got.stats.n_cached == len(PROMPT) - 1
+        assert got.stats.n_drafted > 0 and got.stats.n_accepted == first.stats.n_accepted
+
+
+def test_engine_import_refuses_bad_tokens(tiny_model):
+    with Engine(tiny_model("llama"), n_ctx=256, cache_prompt=True) as eng:
+        eng.generate(PROMPT, n_predict=4)
+        saved = slot_state.export_slot(eng, 0)
+        with pytest.raises(SlotFileError, match="Invalid tokens"):
+            slot_state.import_slot(eng, 0, slot_state.SavedSlot((*saved.tokens[:-1], 9999), saved.state))
+        with pytest.raises(SlotFileError, match="positions"):
+            slot_state.import_slot(eng, 0, slot_state.SavedSlot(saved.tokens[:-1], saved.state))
+        assert eng.generate(PROMPT, n_predict=4).stats.n_cached == 0  # left empty, usable
+
+
+def test_compat_save_state_load_state(tiny_model):
+    from llamaspec import Llama
+
+    llm = Llama(str(tiny_model("llama")), draft_model=str(tiny_model("llama-draft")), n_ctx=256, verbose=False)
+    try:
+        a = llm(PROMPT, max_tokens=N, temperature=0)
+        state = llm.save_state()
+        assert state.n_tokens == len(PROMPT) + N - 1 and list(state.input_ids[:len(PROMPT)]) == PROMPT
+        assert state.llama_state_size == len(state.llama_state) > 0 and len(state.slots) == 1
+        llm(OTHER, max_tokens=4, temperature=0)  # the cache now holds something else
+        llm.load_state(pickle.loads(pickle.dumps(state)))
+        b = llm(PROMPT, max_tokens=N, temperature=0)
+        assert b["choices"][0]["text"] == a["choices"][0]["text"]
+        assert llm.last_report["n_cached"] == len(PROMPT) - 1
+    finally:
+        llm.close()
