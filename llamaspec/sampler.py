@@ -18,7 +18,8 @@ prompt tokens, synthetic drafts). :class:`TargetSampler` does the same on top of
 on a copy of each row's logits before anything else, with the tokens the sampler has seen (the prompt, then
 every accepted token) as ``input_ids``, as llama-cpp-python's custom sampler does. Rows are sampled in order
 and each accepted token joins the history before the next row, so in a verification each drafted row sees
-exactly the history plain decoding would have had.
+exactly the history plain decoding would have had. (A recurrent target that goes back to a checkpoint replays
+the accepted rows of that round: the processor sees those rows a second time, with the same history.)
 
 ``penalize_prompt=False``: the prompt does not enter the penalties' history (llama-cpp-python's ``Llama``
 penalizes generated tokens only; llama-server, the default, the prompt too). Both options reach the sampler

@@ -16,14 +16,15 @@ WHEEL="$(ls "$WORK"/dist/llamaspec-*.whl)"
 echo "   $(basename "$WHEEL")"
 
 echo "== package data in the wheel"
+"$PY" -m zipfile -l "$WHEEL" | awk 'NR > 1 {print $1}' >"$WORK/wheel-files.txt"
 missing=0
 while IFS= read -r f; do
-    if ! "$PY" -m zipfile -l "$WHEEL" | awk '{print $1}' | grep -qx "$f"; then
+    if ! grep -qxF "$f" "$WORK/wheel-files.txt"; then
         echo "   MISSING: $f"; missing=1
     fi
 done < <(cd "$ROOT" && git ls-files llamaspec | grep -v '\.py$')
 [ "$missing" = 0 ] || { echo "the wheel lacks tracked data files (pyproject [tool.setuptools.package-data])"; exit 1; }
-if "$PY" -m zipfile -l "$WHEEL" | awk '{print $1}' | grep -Eq '^(tests|scripts)/'; then
+if grep -Eq '^(tests|scripts)/' "$WORK/wheel-files.txt"; then
     echo "the wheel carries tests/ or scripts/"; exit 1
 fi
 echo "   ok: $(cd "$ROOT" && git ls-files llamaspec | grep -vc '\.py$') data files"

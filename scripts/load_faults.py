@@ -19,9 +19,10 @@ the server, a malformed 200, any outcome the request's kind does not allow, or a
 from the same request sent alone before the load (a divergence where the two best tokens are within
 --near-tie log-prob is reported, not failed). With --inject, decodes, drafters, state loads and admissions
 fail at random in the server during the load: a request that ends with that injected error is counted, not
-failed, and everything else must hold as without it. The run also fails when /health stopped answering or got slow
-(--health-limit), slots are still busy after the run, the greedy answers differ afterwards, the server's
-RSS grew more than --rss-limit MB after the warm-up, or SIGTERM did not end it with exit code 0.
+failed, and everything else must hold as without it. The run also fails when /health stopped answering or
+got slow (--health-limit), slots are still busy after the run, the greedy answers differ afterwards, the
+server's RSS grew more than --rss-limit MB (the median of the run's last quarter against that of the quarter
+after the warm-up), or SIGTERM did not end it with exit code 0.
 Prints a summary, writes the whole report as JSON, exits 1 on any failure.
 """
 from __future__ import annotations
@@ -60,7 +61,8 @@ def server_args(args: argparse.Namespace, d: Path) -> list[str]:
     if spec == "draft":
         if not draft:
             raise SystemExit("--spec draft needs --draft")
-        # a fixed draft length: on the tiny models the adaptive one would stop drafting (a draft costs what its target does)
+        # a fixed draft length: on the tiny models the adaptive one would stop drafting (a draft costs what its
+        # target does)
         base += ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
                  *(["--no-spec-draft-adaptive"] if args.model == "tiny" else [])]
     elif spec == "ngram":
@@ -79,12 +81,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="speculation: a draft model (default when there is one), ngram-simple, or none")
     ap.add_argument("-np", "--n-parallel", type=int, default=4, help="server slots (default 4)")
     ap.add_argument("--ctx", type=int, default=None, help="server context, all slots together (default 8192)")
-    ap.add_argument("--server-args", default="", help="more `llamaspec serve` arguments, one string: --server-args=\"-t 2 --offline\"")
+    ap.add_argument("--server-args", default="",
+                    help="more `llamaspec serve` arguments, one string: --server-args=\"-t 2 --offline\"")
     ap.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is a hang")
     ap.add_argument("--pool", type=int, default=12, help="greedy requests with a reference answer (default 12)")
     ap.add_argument("--near-tie", type=float, default=0.01, help="log-prob gap of a tolerated greedy divergence")
     ap.add_argument("--health-limit", type=float, default=5.0, help="slowest /health answer allowed, s (default 5)")
-    ap.add_argument("--rss-limit", type=float, default=20.0, help="RSS growth allowed after the warm-up, MB (20)")
+    ap.add_argument("--rss-limit", type=float, default=20.0,
+                    help="RSS growth allowed, MB: the median of the run's last quarter minus that of its second (20)")
     ap.add_argument("--memory-limit", type=float, default=16.0,
                     help="the server's address-space limit, GB (a blow-up kills it, not the machine; 0: none)")
     ap.add_argument("--inject", default="", metavar="POINT=P,...",

@@ -140,7 +140,8 @@ def test_logits_processor_runs_on_every_verified_row(tiny, ref, draft):
                                 dict(temperature=1.4, top_k=0, typical_p=0.9, min_p=0.0)])
 def test_samplers_follow_llama_cpp(tiny, kw):
     ref = load_llama(tiny[0], seed=99, **KW)
-    with Llama(tiny[0], seed=99, draft_model=tiny[1], **KW) as llm:
+    # no draft: a sampled token can flip where a draw falls within the batched-vs-single logit difference
+    with Llama(tiny[0], seed=99, **KW) as llm:
         for _ in range(2):
             assert text(llm(P, max_tokens=16, **kw)) == text(ref(P, max_tokens=16, **kw))
     ref.close()
@@ -159,15 +160,24 @@ def test_echo_with_logprobs_lists_the_prompt(tiny_eos):
             np.testing.assert_allclose(la["token_logprobs"][1:], lb["token_logprobs"][1:], atol=2e-3)
             for x, y in zip(la["top_logprobs"][1:], lb["top_logprobs"][1:]):
                 assert x.keys() == y.keys()
+            chunks = list(llm("tok_1 tok_2 tok_3 tok_4", max_tokens=n, temperature=0, echo=True, logprobs=3,
+                              stream=True))
+            listed = [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]]
+            assert listed == la["tokens"]  # a stream lists the same tokens (the prompt's with the echoed prompt)
     ref.close()
 
 
-def test_scores_with_logits_all(tiny):
-    r = load_llama(tiny[0], logits_all=True, **KW)
-    with Llama(tiny[0], logits_all=True, **KW) as llm:
+@pytest.mark.parametrize("kind", ["llama", "mamba"])  # mamba: the scoring memory cannot trim, it starts over
+def test_scores_with_logits_all(tiny_model, kind):
+    path = str(tiny_model(kind))
+    r = load_llama(path, logits_all=True, **KW)
+    with Llama(path, logits_all=True, **KW) as llm:
         for m in (llm, r):
             m.eval(P[:3])
             m.eval(P[3:])
+        llm.reset()
+        llm.eval(P)  # the scoring context keeps the common prefix, or decodes again
+        np.testing.assert_allclose(llm._scores, r._scores, atol=1e-3)
         assert llm._scores.shape == r._scores.shape == (len(P), llm.n_vocab())
         np.testing.assert_allclose(llm._scores, r._scores, atol=1e-3)
     r.close()
@@ -209,7 +219,7 @@ def test_handles_and_refusals(tiny):
         assert v._ctx.ctx is not None and v.model is not None
         assert (v._is_recurrent, v._is_hybrid) == (False, False)
     with Llama(tiny[0], **KW) as llm:
-        assert llm.ctx is not None and llm._ctx.n_ctx() == llm.n_ctx()
+        assert llm.ctx is not None and llm._ctx.n_ctx() == llm.n_ctx() == llm.context_params.n_ctx == 256
         with pytest.raises(CompatError, match="embedding=True"):
             llm.create_embedding("hello")
         with pytest.raises(CompatError, match="embedding=True"):

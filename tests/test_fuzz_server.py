@@ -327,10 +327,11 @@ def test_grammars_that_would_cost_the_process_are_refused(app, extra, words):
     check_idle(app)
 
 
-def test_no_infill_route(app):
-    """No ``/infill`` (no fill-in-the-middle): a 404 in the error shape, not a 500."""
+def test_infill_without_fim_tokens(app):
+    """``/infill`` on a model without fill-in-the-middle tokens: llama-server's 501 in the error shape, not a
+    500."""
     r = post(app, "/infill", b'{"input_prefix": "a", "input_suffix": "b"}')
-    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
 
 
 def test_an_error_before_the_response_owns_the_generations_releases_them(app, monkeypatch):

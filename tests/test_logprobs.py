@@ -347,8 +347,8 @@ def test_compat_bad_logprobs(tiny_model):
         for bad, what in ((-1, "logprobs"), (10**6, "vocabulary"), ("3", "integer"), (1.5, "integer")):
             with pytest.raises(CompatError, match=what):
                 llm([1, 2, 3], max_tokens=2, logprobs=bad)
-        with pytest.raises(CompatError, match="echo"):
-            llm([1, 2, 3], max_tokens=2, logprobs=2, echo=True)
+        echoed = llm([1, 2, 3], max_tokens=2, logprobs=2, echo=True)["choices"][0]["logprobs"]  # the prompt's too
+        assert len(echoed["tokens"]) == 3 + 2 and echoed["token_logprobs"][0] is None
         assert llm([1, 2, 3], max_tokens=2, temperature=0)["choices"][0]["logprobs"] is None
     finally:
         llm.close()

@@ -203,7 +203,7 @@ def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "i
     finish = "length"
     try:
         if stream and echo and isinstance(prompt, str) and prompt:
-            yield chunk(prompt, None)
+            yield chunk(prompt, None, probs=lp.take() if lp is not None else None)
         done = False
         for ch in req.chunks():
             for k, tok in enumerate(ch.tokens):

@@ -1,7 +1,8 @@
 """``llama_cpp.Llama``'s token-level API on the drop-in: :meth:`~TokenAPI.eval`, :meth:`~TokenAPI.sample`,
 :meth:`~TokenAPI.generate` and the state they keep (``n_tokens``, ``input_ids``, ``scores``, ``eval_tokens``,
 ``eval_logits``, ``_input_ids``, ``_scores``), plus ``ctx`` / ``model`` / ``_ctx`` for code that reaches for the
-native handles, and ``_is_recurrent`` / ``_is_hybrid``.
+native handles, ``context_params`` (what LlamaIndex reads its context window from), and ``_is_recurrent`` /
+``_is_hybrid``.
 
 llama-cpp-python keeps one sequence in its context and these methods move it directly. Here that sequence is
 bookkeeping, and the engine's prompt cache (slot 0) does the work:
@@ -21,6 +22,7 @@ bookkeeping, and the engine's prompt cache (slot 0) does the work:
 from __future__ import annotations
 
 from collections import deque
+from types import SimpleNamespace
 from typing import Any, Deque, Iterator, Sequence
 
 import numpy as np
@@ -117,6 +119,15 @@ class TokenAPI:
     def model(self):
         """The ``llama_model`` pointer."""
         return self._model.live_ptr()
+
+    @property
+    def context_params(self) -> SimpleNamespace:
+        """The fields of llama-cpp-python's ``Llama.context_params`` that code reads (``n_ctx``, ``n_batch``,
+        ``n_ubatch``, ``n_threads``, ``n_threads_batch``, ``n_seq_max``, ``embeddings``), as this Llama has them."""
+        p = self._engine.ctx.params if self._engine is not None else None
+        return SimpleNamespace(n_ctx=self.n_ctx(), n_batch=self.n_batch, n_ubatch=p.n_ubatch if p else self.n_batch,
+                               n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
+                               n_seq_max=p.n_seq_max if p else 1, embeddings=False)
 
     @property
     def _ctx(self) -> _ContextView:

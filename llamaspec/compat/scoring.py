@@ -14,7 +14,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from .. import _llama as llama
+from ..errors import MemoryOpError
 from ..logprobs import TokenProb, raw_entry
+from ..memory import SeqMemory
 
 __all__ = ["CompletionLogprobs", "N_BATCH", "Scorer"]
 
@@ -55,7 +57,9 @@ class Scorer:
         tokens = [int(t) for t in tokens]
         ctx = self._context()
         keep = min(_common_prefix(self.tokens, tokens), start)
-        if not ctx.memory.seq_rm(0, keep, -1):  # a recurrent memory cannot drop a tail: start over
+        try:
+            SeqMemory(ctx).trim(0, keep)
+        except MemoryOpError:  # a recurrent memory cannot drop a tail: start over
             ctx.memory.clear()
             keep = 0
         self.tokens = self.tokens[:keep]

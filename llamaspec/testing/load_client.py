@@ -220,7 +220,8 @@ def greedy_outcome(case: GreedyCase, text: str, tol: float) -> tuple[str, str]:
         acc += piece
     else:
         k = len(case.ref_pieces)
-    where = f"parts at output token {k} (char {len(acc.decode('utf-8', 'replace'))}): got {text[len(acc.decode('utf-8', 'replace')):][:40]!r}, alone {case.ref[len(acc.decode('utf-8', 'replace')):][:40]!r}"
+    c = len(acc.decode("utf-8", "replace"))
+    where = f"parts at output token {k} (char {c}): got {text[c:][:40]!r}, alone {case.ref[c:][:40]!r}"
     if k < len(case.ref_gaps) and case.ref_gaps[k] <= tol and len(got) > len(acc):
         return NEAR_TIE, f"{where}; top-2 log-prob gap there {case.ref_gaps[k]:.5f}"
     gap = f"; top-2 gap {case.ref_gaps[k]:.4f}" if k < len(case.ref_gaps) else ""

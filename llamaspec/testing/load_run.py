@@ -41,7 +41,7 @@ class RunConfig:
     pool: int = 12  # greedy requests with a reference answer
     near_tie: float = 0.01  # log-prob gap under which a greedy divergence is a near-tie, not a failure
     health_limit: float = 5.0  # the slowest /health answer allowed, seconds
-    rss_limit_mb: float = 20.0  # resident-memory growth allowed from the end of the warm-up to the end
+    rss_limit_mb: float = 20.0  # RSS growth allowed: last quarter's median minus the median after the warm-up
     warmup: float = 0.25  # the fraction of the run before the memory baseline
     max_body: int = 1 << 20
     max_prompt_chars: int = 1 << 18
@@ -282,8 +282,7 @@ async def _context(client) -> tuple[int, int, int, list[int]]:
     return n_ctx, n_vocab, props["total_slots"], sorted(set(toks)) or [1]
 
 
-async def _run(cfg: RunConfig, srv: ServerProcess, out: dict) -> Record:
-    rec = Record()
+async def _run(cfg: RunConfig, srv: ServerProcess, out: dict, rec: Record) -> None:
     limits = httpx.Limits(max_connections=cfg.clients + 16, max_keepalive_connections=cfg.clients + 16)
     async with httpx.AsyncClient(base_url=srv.url, timeout=httpx.Timeout(cfg.request_timeout * 2), limits=limits) as client:
         n_ctx, n_vocab, n_par, ids = await _context(client)
@@ -313,7 +312,6 @@ async def _run(cfg: RunConfig, srv: ServerProcess, out: dict) -> Record:
         out["metrics_at_end"] = {ln.split()[0]: float(ln.split()[1]) for ln in m.splitlines()
                                  if ln.startswith(("llamacpp:requests_processing", "llamacpp:requests_deferred"))}
         out["rss_mb_end"] = srv.rss_mb()
-    return rec
 
 
 def run(cfg: RunConfig) -> dict:
@@ -327,9 +325,13 @@ def run(cfg: RunConfig) -> dict:
     srv = ServerProcess(args, Path(cfg.log), memory_limit_gb=cfg.memory_limit_gb, launcher=launcher)
     srv.inject_flag = flag if cfg.inject else None
     out: dict = {"server_cmd": srv.cmd}
-    rec = None
+    rec = Record()
+    out.update(reference_problems=[], greedy_after_load=[], slots_idle_at_end=False, slots_at_end=[],
+               metrics_at_end={})
     try:
-        rec = asyncio.run(_run(cfg, srv, out))
+        asyncio.run(_run(cfg, srv, out, rec))
+    except (httpx.HTTPError, OSError, ValueError, KeyError) as e:  # the server stopped answering (or answered nonsense)
+        out["run_error"] = f"the run stopped: {type(e).__name__}: {e}"
     finally:
         out["server_alive_at_end"] = srv.proc.poll() is None
         out["exit_code"] = srv.terminate()
@@ -337,14 +339,26 @@ def run(cfg: RunConfig) -> dict:
     return report(cfg, rec, out)
 
 
+def _rss_windows(samples: list, duration: float, warmup: float) -> tuple[float | None, float | None]:
+    """The median RSS of the quarter after the warm-up and of the last quarter (medians: a large request's
+    transient peak is no growth; a leak moves both windows apart)."""
+    def med(lo: float, hi: float) -> float | None:
+        xs = [m for t, m in samples if m is not None and lo <= t <= hi]
+        return round(statistics.median(xs), 1) if xs else None
+
+    w = duration * warmup
+    return med(w, w + duration / 4), med(duration * 3 / 4, duration)
+
+
 def report(cfg: RunConfig, rec: Record, out: dict) -> dict:
     dur = out.get("duration_s") or cfg.duration
     total = sum(sum(c.values()) for c in rec.by_kind.values())
-    growth = (out["rss_mb_end"] - out["rss_mb_after_warmup"]) if out.get("rss_mb_end") and out.get(
-        "rss_mb_after_warmup") else None
+    base, end = _rss_windows(rec.rss, dur, cfg.warmup)
+    growth = end - base if base is not None and end is not None else None
     ms = lambda x: None if x is None else round(x * 1000, 1)  # noqa: E731
-    problems = list(out["reference_problems"]) + list(out["greedy_after_load"])
-    if not out["slots_idle_at_end"]:
+    problems = [*([out["run_error"]] if out.get("run_error") else []), *out["reference_problems"],
+                *out["greedy_after_load"]]
+    if not out["slots_idle_at_end"] and not out.get("run_error"):
         problems.append("slots still busy 30 s after the last request (a slot leak)")
     if any(out["metrics_at_end"].values()):
         problems.append(f"requests still counted at the end: {out['metrics_at_end']}")
@@ -374,7 +388,9 @@ def report(cfg: RunConfig, rec: Record, out: dict) -> dict:
                    "p99_ms": ms(_pct(rec.health, 0.99)), "median_ms": ms(statistics.median(rec.health)) if rec.health else None},
         "polls": dict(rec.polls),
         "rss_mb": {"start": out.get("rss_mb_start"), "after_warmup": out.get("rss_mb_after_warmup"),
-                   "end": out.get("rss_mb_end"), "growth_after_warmup": None if growth is None else round(growth, 1),
+                   "end": out.get("rss_mb_end"), "max": max((m for _, m in rec.rss if m), default=None),
+                   "median_after_warmup": base, "median_last_quarter": end,
+                   "growth_after_warmup": None if growth is None else round(growth, 1),
                    "timeline": rec.rss[::5]},
         "slots_idle_at_end": out["slots_idle_at_end"], "metrics_at_end": out["metrics_at_end"],
         "exit_code": out["exit_code"], "server_log_tail": out.get("server_log_tail", ""),
@@ -397,8 +413,9 @@ def summary(rep: dict) -> str:
     lines.append(f"greedy answers checked: {g['checked']} ({', '.join(f'{k}: {v}' for k, v in g.items() if k not in ('checked', 'near_ties'))})")
     lines.append(f"/health: {h['polls']} polls, {h['bad']} bad, median {h['median_ms']} ms, p99 {h['p99_ms']} ms, "
                  f"max {h['max_ms']} ms; /slots, /metrics: {rep['polls']}")
-    lines.append(f"server RSS: start {r['start']} MB, after warm-up {r['after_warmup']} MB, end {r['end']} MB "
-                 f"(growth {r['growth_after_warmup']} MB); slots idle at the end: {rep['slots_idle_at_end']}; "
+    lines.append(f"server RSS: start {r['start']} MB, after warm-up {r['after_warmup']} MB, end {r['end']} MB, max "
+                 f"{r['max']} MB; median {r['median_after_warmup']} MB after the warm-up, {r['median_last_quarter']} "
+                 f"MB in the last quarter (growth {r['growth_after_warmup']} MB); slots idle at the end: {rep['slots_idle_at_end']}; "
                  f"SIGTERM exit code {rep['exit_code']}")
     for f in rep["failures"][:20]:
         lines.append(f"  FAIL {f['kind']} {f['method']} {f['path']} stream={f['stream']} {f['action']}: {f['outcome']} "
