@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Trace benchmark (issue 25): multi-turn sessions against llamaspec serve (pool on / off) and llama-server
---spec-default over HTTP, tokens/s per trace (the code and the traces: llamaspec/bench/trace.py).
+"""The trace benchmark (issue 25) is ``llamaspec bench --trace`` now; this wrapper forwards its arguments:
 
-    python scripts/bench_trace.py -m gemma3-270m-f32 --repeats 2 \
-        --json docs/benchmarks/trace.json --markdown docs/benchmarks/trace.md
+    python scripts/bench_trace.py -m gemma3-270m-f32 --repeats 3 --json out.json --markdown out.md
+    # = llamaspec bench --trace -m gemma3-270m-f32 --repeats 3 --json out.json --markdown out.md
+
+(the code: llamaspec/bench/trace.py, trace_sessions.py, trace_report.py; ``--servers`` is ``--trace-variants``).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llamaspec.bench.trace import main  # noqa: E402
+from llamaspec.cli.main import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", "--trace", *sys.argv[1:]]))

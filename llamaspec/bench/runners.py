@@ -137,7 +137,7 @@ class LlamaspecRunner(Runner):
         eng = self.engines[mode.name]
         for d in eng.chain.impls if eng.chain is not None else ():
             if getattr(d, "pool", None) is not None:  # each run sees its prompt for the first time (the
-                d.pool.clear()  # shared n-gram pool would remember earlier repeats; bench_trace measures that)
+                d.pool.clear()  # shared n-gram pool would remember earlier repeats; bench --trace measures that)
         r = eng.generate(list(prompt.tokens), n_predict=n_predict, sampling=llama.SamplingParams(temp=0.0, seed=self.s.seed))
         st = r.stats
         spec = not mode.is_plain

@@ -85,7 +85,7 @@ def run_extra(x: dict, given, *, pair, model, draft_model, cache_dir, n_predict,
     """Run the one issue-25 mode asked for (``x``: :func:`pop_extra_options`); ``run_with_progress``: the bench's
     progress display (``bench._run_with_progress``)."""
     from llamaspec.bench.report import write_atomic, write_json
-    from llamaspec.errors import UsageError
+    from llamaspec.errors import LlamaSpecError, UsageError
 
     asked = [m for m in MODES if x[m]]
     if len(asked) > 1:
@@ -134,7 +134,7 @@ def run_extra(x: dict, given, *, pair, model, draft_model, cache_dir, n_predict,
     if md_path:
         write_atomic(md_path, md)
     if mode == "pool_soak" and not report["ok"]:
-        raise UsageError("the pool went over its bound: " + "; ".join(report["violations"][:3]))
+        raise LlamaSpecError("the pool went over its bound: " + "; ".join(report["violations"][:3]))
 
 
 def _copy_set(x, given, say, *, pair, model, draft_model, cache_dir, n_predict, repeats, ctx_size, threads, dev,

@@ -251,6 +251,7 @@ class Llama(TokenAPI):
         from .state import load_state
 
         self._seed = load_state(self._require_engine(), state)
+        self._remember(state.input_ids[: state.n_tokens].tolist())  # n_tokens / input_ids as saved
         self._cache_ok = True
 
     def set_cache(self, cache) -> None:
