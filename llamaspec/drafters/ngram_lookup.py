@@ -20,7 +20,11 @@ What it does, per slot:
    else a CPU-like curve), it drafts the ``k`` that maximises ``E(k) / v(k)``,
    ``E(k) = 1 + p1 (1 + q + ... + q^(k-1))``: long drafts while a copy runs, short ones after a miss,
    none when a draft is not expected to pay (after ``explore_every`` skipped rounds it tries a short one,
-   and waits twice as long after each try that fails, up to 8x).
+   and waits twice as long after each try that fails, up to 8x). After ``MISS_STREAK`` drafts in a row
+   whose first token failed in one bucket, that bucket's drafts are at most ``MISS_CAP`` tokens until one
+   is accepted: the counts' prior keeps ``p1`` from falling below ~0.25 however often the first token fails,
+   and with ``q`` high a low ``p1`` still prices long drafts well (a counting list -- every line the last
+   one with its number changed -- failed 15-19-token drafts at their first token line after line).
 5. **Pool.** Every slot also looks the suffix up in the shared pool of every request's sequences (earlier and
    running ones, one tenant's own unless shared; :mod:`llamaspec.drafters.ngram_pool`); a pool match longer
    than the own one drafts what followed it there, its length from the slot's counts of pool drafts.
@@ -61,6 +65,8 @@ BUCKETS = (1, 2, 3, 5, 8, 15, MATCH_CAP)
 #: curve; each slot then learns its own, and the drafter-wide prior follows what every slot measured)
 #: the cost table v(0..n_max) is recomputed every this many draft calls
 VT_REFRESH = 16
+#: consecutive first-token misses in a bucket after which its drafts are capped, and the cap (module docstring)
+MISS_STREAK, MISS_CAP = 3, 4
 PRIOR_P1 = (0.35, 0.5, 0.6, 0.7, 0.8, 0.85, 0.95)
 PRIOR_Q = (0.7, 0.8, 0.85, 0.9, 0.92, 0.95, 0.98)
 
@@ -156,7 +162,7 @@ def lookup_draft(seq: Sequence[int], key_max: int, n: int) -> list[int]:
 class _Slot:
     """One sequence's history, its n-gram index and its acceptance counts."""
 
-    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "explorer", "k_lim")
+    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "explorer", "k_lim", "miss")
 
     def __init__(self, key_max: int, k_lim: int = 0, explore_every: int = 8):
         self.toks: list[int] = []
@@ -170,6 +176,7 @@ class _Slot:
         #: (up to 8x the interval)
         self.explorer = Explorer(explore_every, backoff=8)
         self.k_lim = k_lim  # the longest draft this slot may risk now (0 = no limit)
+        self.miss = [0] * nb  # per bucket: drafts in a row whose first token failed
 
     # -- index ----------------------------------------------------------------------------------
     def build(self, tokens: Sequence[int]) -> None:
@@ -389,6 +396,8 @@ class NgramLookup(Drafter):
                 if hit is None:
                     p1, q = st.rates(b, priors[0], priors[1], p.prior_weight)
                     k = best_length_table(p1, q, self._cost_table(), k_cap, floor=self.gain_floor(seq_id))
+                    if st.miss[b] >= MISS_STREAK:
+                        k = min(k, MISS_CAP)
                 if k == 0:
                     if not st.explorer.idle():
                         self.skips["not-paying"] += 1
@@ -413,6 +422,7 @@ class NgramLookup(Drafter):
             return
         if not from_pool:
             st.update(b, k, n_accepted, self.params.decay)
+            st.miss[b] = st.miss[b] + 1 if n_accepted == 0 else 0
         if st.k_lim > 0:
             if n_accepted >= k and k >= st.k_lim:
                 st.k_lim = min(2 * st.k_lim, max(self.n_max, 1))
