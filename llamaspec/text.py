@@ -34,6 +34,7 @@ class TextStream:
         self.n_indent, self.t_max_predict_ms = n_indent, t_max_predict_ms
         self._lines = n_indent > 0 or t_max_predict_ms > 0
         self._has_new_line, self._last_nl, self._t0 = False, 0, None
+        self._tail, self._base = "", 0  # the text from position _base on (n_indent)
 
     @property
     def text(self) -> str:
@@ -55,21 +56,25 @@ class TextStream:
 
     def _line_limits(self, new: str) -> None:
         """llama-server's order: the indentation of the line after the last newline seen, then the time limit
-        on a token with a newline."""
+        on a token with a newline. Only the text from that newline on is kept (``_tail``, starting at
+        ``_base`` of the whole text), so a long output costs nothing per token."""
         if self._t0 is None:
             self._t0 = time.perf_counter()
+        if self.n_indent > 0:
+            self._tail += new
         if self._has_new_line and self.n_indent > 0:
-            full = self.text + self._pending
+            tail, start = self._tail, self._last_nl - self._base
             if self._last_nl > 0:
-                pos = self._last_nl
-                while pos < len(full) and full[pos] in " \t":
+                pos = start
+                while pos < len(tail) and tail[pos] in " \t":
                     pos += 1
-                if pos < len(full) and pos - self._last_nl < self.n_indent:
-                    self._cut(full[:pos])
+                if pos < len(tail) and pos - start < self.n_indent:
+                    self._cut((self.text + self._pending)[: self._base + pos])
                     return
-            nl = full.find("\n", self._last_nl)
+            nl = tail.find("\n", start)
             if nl >= 0:
-                self._last_nl = nl + 1
+                self._last_nl = self._base + nl + 1
+                self._tail, self._base = tail[nl + 1:], self._last_nl
         if "\n" in new:
             self._has_new_line = True
             if self.t_max_predict_ms > 0 and (time.perf_counter() - self._t0) * 1e3 > self.t_max_predict_ms:
