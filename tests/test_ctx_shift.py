@@ -66,10 +66,8 @@ def test_generation_goes_past_a_full_context(tiny_model):
         assert again.stats.n_cached == 50
 
 
-@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
-def test_same_tokens_as_llama_server(tiny_model):
-    """llama-server --context-shift on the same model and prompt: the same 400 greedy tokens."""
-    path = tiny_model("llama")
+def _start_native(path) -> tuple[int, subprocess.Popen]:
+    """llama-server --context-shift on ``path`` (exact settings, one slot, N_CTX) on a free port."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -77,6 +75,14 @@ def test_same_tokens_as_llama_server(tiny_model):
     proc = subprocess.Popen([str(NATIVE / "llama-server"), "-m", str(path), "--port", str(port), "-c", str(N_CTX),
                              "-np", "1", "-t", "1", "-fa", "off", "-ctk", "f32", "-ctv", "f32", "--no-warmup",
                              "--context-shift"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    return port, proc
+
+
+@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+def test_same_tokens_as_llama_server(tiny_model):
+    """llama-server --context-shift on the same model and prompt: the same 400 greedy tokens."""
+    path = tiny_model("llama")
+    port, proc = _start_native(path)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_for_native_server(proc, url, 300)
@@ -143,13 +149,7 @@ def test_request_n_keep_and_n_discard_give_llama_servers_tokens(tiny_model):
     from llamaspec.server.app import ServerConfig, ServerState, create_app
 
     path = tiny_model("llama")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent / "lib"))
-    proc = subprocess.Popen([str(NATIVE / "llama-server"), "-m", str(path), "--port", str(port), "-c", str(N_CTX),
-                             "-np", "1", "-t", "1", "-fa", "off", "-ctk", "f32", "-ctv", "f32", "--no-warmup",
-                             "--context-shift"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    port, proc = _start_native(path)
     nat = []
     try:
         url = f"http://127.0.0.1:{port}"

@@ -36,6 +36,7 @@ import numpy as np
 from .. import _llama as llama
 from .._llama import compat as lcp
 from ..logprobs import ProbsSpec
+from ..scheduler import common_prefix
 from ..slot import FinishReason
 from ..text import TextStream
 from .args import CompatError
@@ -261,15 +262,6 @@ def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "i
     yield out
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _cache_lookup(llm: Any, cache: Any, tokens: list[int]) -> None:
     """llama-cpp-python's cache read: the cached state with the longest common prefix is loaded when it
     shares more with the prompt than what is evaluated now."""
@@ -277,6 +269,6 @@ def _cache_lookup(llm: Any, cache: Any, tokens: list[int]) -> None:
         item = cache[tokens]
     except KeyError:
         return
-    if _common_prefix(item.input_ids.tolist(), tokens) > _common_prefix(llm._input_ids.tolist(), tokens):
+    if common_prefix(item.input_ids.tolist(), tokens) > common_prefix(llm._input_ids.tolist(), tokens):
         llm.load_state(item)
         llm._remember(item.input_ids[: item.n_tokens].tolist())

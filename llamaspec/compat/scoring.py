@@ -17,20 +17,12 @@ from .. import _llama as llama
 from ..errors import MemoryOpError
 from ..logprobs import TokenProb, raw_entry
 from ..memory import SeqMemory
+from ..scheduler import common_prefix
 
 __all__ = ["CompletionLogprobs", "N_BATCH", "Scorer"]
 
 #: rows per decode on the scoring context (its logits buffer holds N_BATCH x n_vocab floats)
 N_BATCH = 64
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Scorer:
@@ -56,7 +48,7 @@ class Scorer:
         view valid until the next row is asked for (copy it to keep it)."""
         tokens = [int(t) for t in tokens]
         ctx = self._context()
-        keep = min(_common_prefix(self.tokens, tokens), start)
+        keep = min(common_prefix(self.tokens, tokens), start)
         try:
             SeqMemory(ctx).trim(0, keep)
         except MemoryOpError:  # a recurrent memory cannot drop a tail: start over
