@@ -22,6 +22,9 @@ def heads(tmp_path_factory):
     d = tmp_path_factory.mktemp("eagle-heads")
     out = te.write_all(d)
     out["eagle3-last"] = te.write_eagle3(d / "eagle3-last.gguf", target_layers=(0, 1, 3))
+    # reads layer 3 == n_layer (the nextn state, which the llama target does not write) with weight 2
+    out["eagle3-last-used"] = te.write_eagle3(d / "eagle3-last-used.gguf", target_layers=(0, 1, 3),
+                                              slot_weights=(1.0, 0.0, 2.0))
     return out
 
 
@@ -127,12 +130,53 @@ def test_incompatible_targets(heads, tiny_model, tmp_path):
 
     with pytest.raises(UsageError, match="does not expose|layer inputs"):
         Engine(tiny_model("mamba"), draft=heads["eagle3"], spec=spec(3), n_ctx=256)
-    with pytest.raises(UsageError, match="target layer 2 = n_layer"):  # a 2-layer llama
+    with pytest.raises(UsageError, match="target layer 3, but .* has 2 layers"):  # id 3 > n_layer
+        Engine(tiny_model("llama"), draft=heads["eagle3-last"], spec=spec(3), n_ctx=256)
+    with pytest.raises(UsageError, match="n_embd=128"):  # id 2 == n_layer is no refusal: the width is
         Engine(tiny_model("llama"), draft=heads["eagle3"], spec=spec(3), n_ctx=256)
     with pytest.raises(UsageError, match="n_embd=128"):
         Engine(write_model("llama", tmp_path / "l3.gguf", n_layer=3), draft=heads["eagle3"], spec=spec(3), n_ctx=256)
-    with pytest.raises(UsageError, match="nextn"):  # id 3 == n_layer on a llama target: no nextn output
-        Engine(heads["target"], draft=heads["eagle3-last"], spec=spec(3), n_ctx=256)
+
+
+@pytest.mark.parametrize("head", ["eagle3-last", "eagle3-last-used"])
+def test_head_reading_n_layer_of_a_llama_target(heads, head, caplog):
+    """Ids (0, 1, 3) on the 3-layer llama target: id 3 == n_layer reads the nextn state, which the llama graph
+    does not write. llama.cpp runs the pair on the unwritten buffer; so do we, with one warning line.
+    ``eagle3-last`` ignores that feature (fc weight 0): it drafts as well as ``eagle3``; ``eagle3-last-used``
+    weighs it 2x: the stale buffer content costs acceptance (counts equal llama-server's: test_heads_native)."""
+    from llamaspec import _llama as L
+    from llamaspec.drafters.eagle3 import target_writes_nextn
+    from llamaspec.probe import heads_report
+
+    sp = spec(6)
+    sp.draft.p_min = 0.3
+    with caplog.at_level("WARNING", logger="llamaspec"):
+        with Engine(heads["target"], draft=heads[head], spec=sp, n_ctx=256, n_batch=64, n_ubatch=64,
+                    n_threads=1, **EXACT) as e:
+            assert e.chain.types == ["draft-eagle3"]
+            r = e.generate(PROMPTS[0], n_predict=N)
+    lines = [m for m in caplog.messages if "n_layer (the nextn hidden state)" in m]
+    assert len(lines) == 1 and "does not provide" in lines[0] and "acceptance will be low" in lines[0]
+    assert r.tokens == expected(0)  # greedy output is plain decoding's, whatever the head reads
+    assert r.stats.n_drafted > 0
+    if head == "eagle3-last":
+        assert 0.5 < r.stats.n_accepted / r.stats.n_drafted < 1  # the unread slot changes nothing
+    with L.Model(heads["target"]) as t, L.Model(heads[head]) as h:
+        assert target_writes_nextn(t) is False  # probed: the llama graph writes no nextn state
+        rep = heads_report(t, h)["draft-eagle3"]
+        assert rep["supported"] and rep["why"] is None and "does not provide" in rep["warning"]
+        with L.Model(heads["eagle3"]) as h2:
+            assert "warning" not in heads_report(t, h2)["draft-eagle3"]  # ids 0..2: no nextn read
+
+
+def test_nextn_probe_sees_a_target_that_writes_it(tiny_model):
+    """The probe asks the loaded model, not a list: qwen35 writes its nextn state, llama / lfm2 do not."""
+    from llamaspec import _llama as L
+    from llamaspec.drafters.eagle3 import _probe_nextn
+
+    for kind, want in (("qwen35", True), ("llama", False), ("lfm2", False)):
+        with L.Model(tiny_model(kind)) as m:
+            assert _probe_nextn(m) is want, kind
 
 
 def test_wrong_types_for_a_head(heads):
@@ -171,3 +215,27 @@ def test_behind_an_ngram_drafter(heads):
     assert r.tokens == te.plain_continuation(prompt[-1], 60)
     assert set(r.stats.n_accepted_by_type) == {"ngram-simple", "draft-eagle3"}
     assert st["draft-eagle3"].n_acc_tokens > 0.5 * st["draft-eagle3"].n_gen_tokens
+
+
+def test_unwritten_nextn_rows_hold_stale_outputs(heads):
+    """What llama.cpp (and so the drafter) reads for id == n_layer on a llama target: the nextn rows of the
+    host output buffer [logits | nextn | layer inputs], zero-filled only when the buffer grows; after a batch
+    with fewer outputs the rows start lower and hold the earlier batch's logits rows (a canary for the
+    pinned llama.cpp: if it ever writes or clears these rows, nextn_warning's text needs another look)."""
+    from llamaspec import _llama as L
+    from llamaspec._llama import ext
+
+    V, E = te.VOCAB, te.EMBD
+    assert E == 2 * V  # a nextn row spans two logits rows
+    with L.Model(heads["target"]) as m, L.Context(m, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, **EXACT) as ctx:
+        ext.set_embeddings_layer_inp(ctx, 0, True)
+        ext.set_embeddings_nextn(ctx, True, masked=False)
+        ctx.decode([L.Row(t, i, 0, i == 5) for i, t in enumerate(PROMPTS[0])])  # 1 output: buffer allocated
+        assert not ext.get_embeddings_nextn(ctx, 64, E).any()
+        ctx.decode([L.Row(t, 6 + i, 0, True) for i, t in enumerate([1, 2, 3, 4])])  # 4 outputs: grown, zeroed
+        assert not ext.get_embeddings_nextn(ctx, 64, E).any()
+        prev = [ctx.logits(i).copy() for i in range(4)]
+        ctx.decode([L.Row(7, 10, 0, True)])  # 1 output: the nextn rows now start at logits row 1
+        rows = ext.get_embeddings_nextn(ctx, 2, E)
+    assert np.array_equal(rows[0], np.concatenate([prev[1], prev[2]]))
+    assert np.array_equal(rows[1][:V], prev[3]) and not rows[1][V:].any()

@@ -35,12 +35,19 @@ CASES = [
     ("target", "dspark", "draft-dspark", 4, 0.5),
     ("target-lfm2", "eagle3", "draft-eagle3", 3, 0.0),
     ("target-lfm2", "dflash", "draft-dflash", 3, 0.0),
+    # ids (0, 1, 3): 3 == n_layer is the nextn state, which the llama target does not write; both read the
+    # unwritten output buffer (zeros / stale rows of earlier decodes). Feeding zeros instead drafts 32 / accepts 23
+    ("target", "eagle3-last-used", "draft-eagle3", 6, 0.3),
 ]
 
 
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory):
-    return te.write_all(tmp_path_factory.mktemp("heads-native"))
+    d = tmp_path_factory.mktemp("heads-native")
+    out = te.write_all(d)
+    out["eagle3-last-used"] = te.write_eagle3(d / "eagle3-last-used.gguf", target_layers=(0, 1, 3),
+                                              slot_weights=(1.0, 0.0, 2.0))
+    return out
 
 
 def _free_port() -> int:

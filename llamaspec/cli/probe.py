@@ -113,10 +113,11 @@ def render(d: dict) -> None:
         con.print(rt)
     if d.get("heads"):
         ht = Table(title="Same-trunk draft heads (--spec-type)")
-        for c in ("drafter", "runs", "why not"):
+        for c in ("drafter", "runs", "why not / warning"):
             ht.add_column(c)
         for name, h in d["heads"].items():
-            ht.add_row(name, "[green]yes[/]" if h.get("supported") else "[red]no[/]", h.get("why") or "")
+            runs = ("[yellow]yes[/]" if h.get("warning") else "[green]yes[/]") if h.get("supported") else "[red]no[/]"
+            ht.add_row(name, runs, h.get("why") or h.get("warning") or "")
         con.print(ht)
     if "draft" in d:
         v = d["vocab"]

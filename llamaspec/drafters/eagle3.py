@@ -20,9 +20,16 @@ is the drafter's own ``n_max`` (the chain truncates to the request's cap), then 
 
 ``get_state``/``set_state`` (prompt checkpoints, spec §7.6) carry ``pending_pos`` + ``pending_g`` and are
 active only for recurrent / hybrid targets.
+
+Features: an id below the target's ``n_layer`` is that layer's input; an id equal to ``n_layer`` is the
+target's nextn hidden state (``llama_get_embeddings_nextn``, unmasked). A target whose graph does not write
+that state (a llama target, say) is not refused, as llama.cpp does not refuse it: the head reads the same
+unwritten buffer llama.cpp reads (zeros after each reallocation, else stale outputs of earlier decodes) and
+one warning says so (:func:`nextn_warning`, decided by probing the loaded target: :func:`target_writes_nextn`).
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import struct
 from typing import Sequence
@@ -31,7 +38,7 @@ import numpy as np
 
 from .. import _llama as llama
 from .._llama import ext
-from ..errors import DecodeError, UsageError
+from ..errors import DecodeError, LlamaSpecError, UsageError
 from ..memory import SeqMemory
 from ..params import DraftModelParams
 from .base import DraftParams, Drafter, drop_short, seq_spans, suppress_array
@@ -39,15 +46,18 @@ from .draft_model import top_candidate
 
 log = logging.getLogger("llamaspec")
 
-#: target architectures whose graph exposes layer inputs (spec §12.1; llama.cpp asserts otherwise)
+#: target architectures whose graph exposes layer inputs (spec §12.1). This stays a list: enabling a layer input
+#: the graph does not set makes llama.cpp abort ('layer input tensor is null'), so it cannot be probed
 LAYER_INP_ARCHS = frozenset({
     "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "muse-glimmer",
     "deepseek4", "nemotron_h", "bailingmoe3", "gpt-oss", "lfm2", "minimax-01", "minimax-m2", "mimo2",
     "nanbeige", "hunyuan_vl",
 })
-#: ... and those that also give layer id == n_layer (the final hidden state) as a layer input
+#: ... and those that also give layer id == n_layer (the final hidden state) as a layer input (DFlash)
 LAYER_INP_LAST_ARCHS = frozenset({"deepseek4", "mimo2", "nemotron_h"})
-#: target architectures with a nextn hidden output (EAGLE-3 ids == n_layer read it)
+#: architectures whose graph writes the nextn hidden state (EAGLE-3 ids == n_layer read it). Only a fallback:
+#: :func:`target_writes_nextn` asks the loaded target itself, this list answers when no scratch context can
+#: be made on it
 NEXTN_ARCHS = frozenset({
     "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "gemma4", "glm-dsa", "glm4moe",
     "glm5-next", "hy-v3", "mimo2", "nemotron_h", "nemotron_h_moe", "gpt-oss", "qwen35", "qwen35moe",
@@ -57,7 +67,10 @@ NEXTN_ARCHS = frozenset({
 
 def check_head_target(kind: str, model_tgt: "llama.Model", model_dft: "llama.Model", ids: Sequence[int],
                       *, nextn_for_last: bool) -> None:
-    """One :class:`UsageError` line when the target cannot feed the head (never a native abort)."""
+    """One :class:`UsageError` line when the target cannot feed the head (never a native abort).
+
+    An EAGLE-3 id == n_layer (``nextn_for_last``) is never refused: llama.cpp reads the target's nextn
+    output buffer for it whether or not the target's graph writes it (see :func:`nextn_warning`)."""
     arch = model_tgt.arch
     n_layer = model_tgt.n_layer
     name = f"{kind} draft {model_dft.path.name}"
@@ -69,14 +82,71 @@ def check_head_target(kind: str, model_tgt: "llama.Model", model_dft: "llama.Mod
         if lid < 0 or lid > n_layer:
             raise UsageError(f"{name} reads target layer {lid}, but {model_tgt.path.name} has {n_layer} layers "
                              f"(valid ids 0..{n_layer - 1}): the head was made for another target")
-        if lid == n_layer:
-            if nextn_for_last and arch not in NEXTN_ARCHS:
-                raise UsageError(f"{name} reads target layer {lid} = n_layer (the nextn hidden state), which the "
-                                 f"{arch} target {model_tgt.path.name} does not output: use a head made for this target")
-            if not nextn_for_last and arch not in LAYER_INP_LAST_ARCHS:
-                raise UsageError(f"{name} reads target layer {lid} = n_layer (the final hidden state), which the "
-                                 f"{arch} target {model_tgt.path.name} does not expose as a layer input "
-                                 "(llama.cpp would abort: 'layer input tensor is null'); use a head made for this target")
+        if lid == n_layer and not nextn_for_last and arch not in LAYER_INP_LAST_ARCHS:
+            raise UsageError(f"{name} reads target layer {lid} = n_layer (the final hidden state), which the "
+                             f"{arch} target {model_tgt.path.name} does not expose as a layer input "
+                             "(llama.cpp would abort: 'layer input tensor is null'); use a head made for this target")
+
+
+def target_writes_nextn(model: "llama.Model") -> bool | None:
+    """Whether decoding on ``model`` writes the nextn hidden state (``llama_get_embeddings_nextn``), asked of
+    the loaded model on a one-row scratch context; None when no such context can be made. Cached per model.
+
+    The nextn output rows live in the context's host output buffer, which llama.cpp zero-fills only when it
+    (re)allocates it; a graph that sets no nextn tensor leaves the rows as they were. The probe decodes once
+    (the buffer is allocated), fills row 0 with NaN, decodes again with the same shape (no reallocation)
+    and looks whether the decode overwrote the NaNs."""
+    got = getattr(model, "_writes_nextn", ...)
+    if got is not ...:
+        return got
+    got = None
+    try:
+        got = _probe_nextn(model)
+    except LlamaSpecError as e:
+        log.debug("nextn probe of %s: no scratch context (%s); using the architecture list", model.path.name, e)
+    model._writes_nextn = got
+    return got
+
+
+def _probe_nextn(model: "llama.Model") -> bool:
+    width = int(model.n_embd_out)
+    tok = min(10, model.vocab.n_tokens - 1)
+    n_ctx = max(16, min(64, model.n_ctx_train)) if model.n_ctx_train > 0 else 64
+    get = ext.fn("llama_get_embeddings_nextn")
+    with llama.Context(model, n_ctx=n_ctx, n_batch=1, n_ubatch=1, n_seq_max=1) as ctx:
+        ext.set_embeddings_nextn(ctx, True, masked=False)
+        ctx.decode([llama.Row(tok, 0, 0, True)])  # allocates the output buffer with its nextn rows
+        p0 = get(ctx.live_ptr())
+        if not p0:
+            raise DecodeError("no nextn buffer after a decode with nextn enabled")
+        np.ctypeslib.as_array(p0, shape=(width,))[:] = np.nan
+        ctx.decode([llama.Row(tok, 1, 0, True)])
+        p1 = get(ctx.live_ptr())
+        row = np.ctypeslib.as_array(p1, shape=(width,)).copy()
+        same = ctypes.cast(p0, ctypes.c_void_p).value == ctypes.cast(p1, ctypes.c_void_p).value
+    # a reallocated buffer (not expected with the same batch shape) is zero-filled: only a write makes it non-zero
+    return bool(not np.isnan(row).all()) if same else bool(np.any(row != 0))
+
+
+def nextn_warning(model_tgt: "llama.Model", model_dft: "llama.Model", ids: Sequence[int]) -> str | None:
+    """The warning line for an EAGLE-3 head reading id == n_layer of a target that does not write its nextn
+    hidden state (None when it does, or when the head reads no such id).
+
+    llama.cpp runs such a pair: it reads the target's nextn output buffer, which then holds zeros after each
+    (re)allocation and otherwise stale bytes of earlier decodes (logits rows of a batch with more outputs,
+    layer-input rows of an earlier buffer layout). The drafter reads the same buffer, so it drafts as
+    llama.cpp does; acceptance is low for a head that really uses that layer."""
+    n_layer = model_tgt.n_layer
+    if n_layer not in ids:
+        return None
+    writes = target_writes_nextn(model_tgt)
+    if writes is None:
+        writes = model_tgt.arch in NEXTN_ARCHS
+    if writes:
+        return None
+    return (f"EAGLE-3 draft {model_dft.path.name} reads target layer {n_layer} = n_layer (the nextn hidden state), "
+            f"which the {model_tgt.arch} target {model_tgt.path.name} does not provide: that feature is the "
+            "target's unwritten output buffer (zeros or stale outputs, as in llama.cpp), acceptance will be low")
 
 
 class Eagle3(Drafter):
@@ -94,6 +164,9 @@ class Eagle3(Drafter):
         if len(ids) != 3:
             raise UsageError(f"draft model {m_dft.path.name} is not eagle3: it has {len(ids)} target layer ids, not 3")
         check_head_target("EAGLE-3", m_tgt, m_dft, ids, nextn_for_last=True)
+        warning = nextn_warning(m_tgt, m_dft, ids)
+        if warning:
+            log.warning("draft-eagle3: %s", warning)
         hidden = m_dft.meta("eagle3.target_hidden_size")
         if hidden is not None and int(hidden) != m_tgt.n_embd:
             raise UsageError(f"EAGLE-3 draft {m_dft.path.name} was made for a target with n_embd={hidden}, "

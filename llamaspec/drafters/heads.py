@@ -75,8 +75,11 @@ def check_head_pair(model_tgt: "llama.Model", model_dft: "llama.Model") -> None:
 
 def head_support(target: "llama.Model", draft: "llama.Model | None" = None) -> dict:
     """``{type: {"supported": bool, "why": str | None}}`` for draft-eagle3 / draft-dflash / draft-dspark on this
-    target (and ``-md`` file): what the target must expose, and whether the given head fits it."""
-    from .eagle3 import LAYER_INP_ARCHS
+    target (and ``-md`` file): what the target must expose, and whether the given head fits it. A supported
+    EAGLE-3 pair whose head reads a layer the target does not provide (id == n_layer, no nextn output: probed
+    on the loaded target) also has ``"warning"``, the line the drafter logs."""
+    from .._llama import ext
+    from .eagle3 import LAYER_INP_ARCHS, nextn_warning
 
     out: dict = {}
     for kind, arch in (("draft-eagle3", "eagle3"), ("draft-dflash", "dflash"), ("draft-dspark", "dflash")):
@@ -93,6 +96,10 @@ def head_support(target: "llama.Model", draft: "llama.Model | None" = None) -> d
             if why is None and kind == "draft-dspark" and not _has_markov(draft):
                 why = f"{draft.path.name} has no DSpark Markov head (markov_w1): use draft-dflash"
         out[kind] = {"supported": why is None, "why": why}
+        if why is None and kind == "draft-eagle3":
+            warning = nextn_warning(target, draft, ext.model_target_layer_ids(draft))
+            if warning:
+                out[kind]["warning"] = warning
     return out
 
 

@@ -180,9 +180,11 @@ def write_target_lfm2(path: str | os.PathLike[str], *, seed: int = _CYCLE_SEED) 
 
 
 def write_eagle3(path: str | os.PathLike[str], *, own_head: bool = False, noise: float = 0.35,
-                 target_layers: Sequence[int] = (0, 1, 2), noise_seed: int = 3, seed: int = _CYCLE_SEED) -> Path:
+                 target_layers: Sequence[int] = (0, 1, 2), noise_seed: int = 3, seed: int = _CYCLE_SEED,
+                 slot_weights: Sequence[float] = (1.0, 0.0, 0.0)) -> Path:
     """EAGLE-3 head for :func:`write_target` (see the module docstring); ``noise`` = std of the Gaussian
-    noise on the value projection (0 = drafts always right)."""
+    noise on the value projection (0 = drafts always right); ``slot_weights[k]`` scales the identity block of
+    ``fc`` that reads feature slot ``k`` (the input of ``target_layers[k]``); by default only slot 0 counts."""
     if len(target_layers) != 3:
         raise ValueError("eagle3 needs exactly 3 target layers")
     g = cycle(seed)
@@ -192,7 +194,8 @@ def write_eagle3(path: str | os.PathLike[str], *, own_head: bool = False, noise:
     m.flag("norm_before_residual", True)
     rng = np.random.default_rng(noise_seed)
     fc = np.zeros((EMBD, 3 * EMBD), np.float32)  # g_P = layer-0-slot input at P: onehot(t[P]) (+ u)
-    fc[:, :EMBD] = np.eye(EMBD, dtype=np.float32)
+    for k, w in enumerate(slot_weights):
+        fc[:, k * EMBD:(k + 1) * EMBD] = np.eye(EMBD, dtype=np.float32) * float(w)
     m.put("fc.weight", fc)
     m.ones("output_norm.weight", EMBD)
     if own_head:
