@@ -14,6 +14,7 @@ MODULES = [
     "llamaspec.probe",
     "llamaspec._llama",
     "llamaspec._llama.grammar_limits",
+    "llamaspec._llama.grammar_cost",
     "llamaspec.drafters.base",
     "llamaspec.drafters.draft_model",
     "llamaspec.drafters.ngram_lookup",

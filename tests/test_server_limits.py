@@ -19,7 +19,8 @@ httpx = pytest.importorskip("httpx")
 
 N_CTX_SEQ = 1024  # -c 2048 over -np 2
 LIMITS = ["--max-request-generations", "8", "--max-queued-generations", "12", "--max-prompt-chars", "2000",
-          "--max-stop", "4", "--max-stop-chars", "16", "--max-json-depth", "16", "--max-body-size", "65536"]
+          "--max-stop", "4", "--max-stop-chars", "16", "--max-json-depth", "16", "--max-body-size", "65536",
+          "--max-grammar-alternatives", "1000"]
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +96,22 @@ def test_stop_strings_are_bounded(http):
     _names(e, "stop", "5", "4", "--max-stop")
     e = _error(http.post("/v1/completions", json={**base, "stop": "z" * 17}), 400, "invalid_request_error")
     _names(e, "stop", "17", "16", "--max-stop-chars")
+
+
+def test_grammar_alternatives_are_bounded(http):
+    """A grammar's alternatives open at once (an enum's values: each costs a pass over the vocabulary per token)
+    are bounded by --max-grammar-alternatives: 1000 here, above the default 512 (tests/test_grammar_alternatives.py)."""
+    base = {"prompt": [1, 2], "max_tokens": 2, "temperature": 0}
+    ok = http.post("/completion", json={**base, "json_schema": {"enum": list(range(500))}})
+    assert ok.status_code == 200 and ok.json()["content"] in {str(i) for i in range(500)}, ok.text
+    t0 = time.monotonic()
+    e = _error(http.post("/completion", json={**base, "json_schema": {"enum": list(range(1500))}}), 400,
+               "invalid_request_error")
+    assert time.monotonic() - t0 < 5
+    _names(e, "json_schema", "1500 alternatives", "1000", "--max-grammar-alternatives")
+    g = "root ::= " + " | ".join(f'"{i:x}"' for i in range(1500))
+    _names(_error(http.post("/v1/completions", json={**base, "grammar": g}), 400, "invalid_request_error"),
+           "grammar", "1500", "--max-grammar-alternatives")
 
 
 def test_json_depth_is_bounded(http):
@@ -297,7 +314,8 @@ def test_limit_flags_in_help_and_checked():
 
     r = CliRunner().invoke(main, ["serve", "--help"])
     for flag in ("--max-request-generations", "--max-queued-generations", "--max-prompt-chars", "--max-stop",
-                 "--max-stop-chars", "--max-json-depth", "--max-body-size", "--shutdown-timeout"):
+                 "--max-stop-chars", "--max-json-depth", "--max-body-size", "--max-grammar-alternatives",
+                 "--shutdown-timeout"):
         assert flag in r.output, flag
     r = CliRunner().invoke(main, ["serve", "-m", "/no/such.gguf", "--max-json-depth", "0"])
     assert r.exit_code == 2 and "--max-json-depth" in r.output

@@ -9,6 +9,10 @@
   ``maxItems`` / ``minLength`` / ``maxLength`` or a regex ``{m,n}`` count over :data:`MAX_REPEAT`, and a
   schema whose counts together (a pattern's nested ones multiplied) pass :data:`MAX_EXPANSION`. llama.cpp's
   own GBNF parser refuses repetitions over 2000 in the same spirit.
+* llama.cpp checks every alternative a grammar has open against the whole vocabulary on every token: a
+  ``{"enum": [...20,000 strings...]}`` costs seconds a token, for every slot. :func:`alternatives_over` counts
+  them (:func:`~llamaspec._llama.grammar_cost.open_alternatives`); the callers refuse a grammar over
+  :data:`MAX_ALTERNATIVES` (``SamplingParams.max_grammar_alternatives``, ``--max-grammar-alternatives``).
 
 >>> check_gbnf('root ::= ("a" ("(" | [(]))*  # (((')
 >>> check_gbnf("root ::= " + "(" * 3000 + '"a"' + ")" * 3000)
@@ -24,17 +28,29 @@ ValueError: minItems = 1000000000 is over the limit of 2000 repetitions
 Traceback (most recent call last):
 ...
 ValueError: the schema's repetitions expand to 160000 items (pattern '^(a{400}){400}$'), over the limit of 100000
+>>> alternatives_over('root ::= "a" | "b"', 1), alternatives_over('root ::= "a" | "b"', 2), alternatives_over('root ::= "a" | "b"', 0)
+(2, 0, 0)
+>>> alternatives_message(20000)
+'the grammar can follow 20000 alternatives at once (llama.cpp checks each one against the whole vocabulary on every token)'
 """
 from __future__ import annotations
 
 import re
 from typing import Any
 
-__all__ = ["MAX_GROUP_DEPTH", "MAX_REPEAT", "MAX_EXPANSION", "check_gbnf", "check_schema", "gbnf_depth"]
+from .grammar_cost import open_alternatives
+
+__all__ = ["MAX_GROUP_DEPTH", "MAX_REPEAT", "MAX_EXPANSION", "MAX_ALTERNATIVES", "check_gbnf", "check_schema",
+           "gbnf_depth", "alternatives_over", "alternatives_message"]
 
 MAX_GROUP_DEPTH = 2500
 MAX_REPEAT = 2000
 MAX_EXPANSION = 100_000
+#: the default bound on the alternatives a grammar has open at once (0: none). Each costs a pass over the
+#: vocabulary per token: 0.3-0.5 ms of CPU on a 49k vocabulary and a 2-core CPU, on top of 5-8 ms for any
+#: grammar (docs/limits.md): 512 keep a token's worst near 0.2 s while an enum of every country (~250 values)
+#: or a schema of a few hundred optional properties still passes, as llama-server would take them (20,000: 5-7 s)
+MAX_ALTERNATIVES = 512
 
 _GBNF_SKIP = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\r\n]*', re.S)
 _COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
@@ -96,3 +112,17 @@ def check_schema(schema: Any) -> None:
             if total > MAX_EXPANSION:
                 raise ValueError(f"the schema's repetitions expand to {total} items ({what}), over the limit of "
                                  f"{MAX_EXPANSION}")
+
+
+def alternatives_over(text: str, limit: int) -> int:
+    """How many alternatives grammar ``text`` has open at once, when that is over ``limit`` (> 0); else 0."""
+    if limit <= 0 or not text:
+        return 0
+    n = open_alternatives(text)
+    return n if n > limit else 0
+
+
+def alternatives_message(n: int) -> str:
+    """What is wrong with a grammar that has ``n`` alternatives open at once (the callers add limit and flag)."""
+    return (f"the grammar can follow {n} alternatives at once (llama.cpp checks each one against the whole "
+            "vocabulary on every token)")

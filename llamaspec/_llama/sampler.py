@@ -9,7 +9,7 @@ from llama_cpp import llama_cpp as native
 
 from ..errors import LlamaSpecError, SamplerError, UsageError
 from .context import Context
-from .grammar_limits import check_gbnf
+from .grammar_limits import MAX_ALTERNATIVES, alternatives_message, alternatives_over, check_gbnf
 from .log import _last_native_error
 from .model import Model, Vocab, _Owned
 from .sampler_chain import chain_samplers
@@ -32,6 +32,9 @@ class SamplingParams:
     seed: int = DEFAULT_SEED
     grammar: str | None = None
     grammar_root: str = "root"
+    #: refuse a grammar with more alternatives open at once (each costs a pass over the vocabulary per token:
+    #: llamaspec._llama.grammar_cost, docs/limits.md); 0 = no limit
+    max_grammar_alternatives: int = MAX_ALTERNATIVES
     #: ``(token id, bias)`` pairs added to the logits before anything else (``-inf``: never this token);
     #: llama.cpp's ``--logit-bias`` / the OpenAI field
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -82,6 +85,8 @@ class SamplingParams:
             raise UsageError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat}")
         if self.min_keep < 0 or self.dry_allowed_length < 0 or self.dry_penalty_last_n < 0:
             raise UsageError("min-keep, dry-allowed-length and dry-penalty-last-n must be >= 0")
+        if self.max_grammar_alternatives < 0:
+            raise UsageError(f"max-grammar-alternatives must be >= 0 (0: no limit), got {self.max_grammar_alternatives}")
         if not 0.0 <= self.xtc_probability <= 1.0:
             raise UsageError(f"xtc-probability must be in [0, 1], got {self.xtc_probability}")
         if self.samplers is not None:
@@ -109,12 +114,21 @@ def _logit_biases(vocab: Vocab, params: SamplingParams) -> list[tuple[int, float
     return sorted(out.items())
 
 
-def _check_grammar(text: str) -> None:
-    """A grammar llama.cpp's recursive parser could not take without overflowing its stack: SamplerError."""
+def check_grammar(params: SamplingParams) -> None:
+    """``params.grammar`` against what llama.cpp can take: nested deeper than its recursive parser can go
+    without overflowing its stack (:class:`SamplerError`), or more alternatives open at once than
+    ``params.max_grammar_alternatives`` (:class:`UsageError`: every token would cost a pass over the vocabulary
+    for each)."""
+    text = params.grammar or ""
     try:
         check_gbnf(text)
     except ValueError as e:
         raise SamplerError(f"grammar refused: {e}") from None
+    n = alternatives_over(text, params.max_grammar_alternatives)
+    if n:
+        raise UsageError(f"grammar refused: {alternatives_message(n)}, over the limit of "
+                         f"{params.max_grammar_alternatives} (SamplingParams.max_grammar_alternatives, "
+                         "--max-grammar-alternatives on the command line; 0: no limit)")
 
 
 class Sampler(_Owned):
@@ -142,7 +156,7 @@ class Sampler(_Owned):
     def grammar_only(cls, vocab: Vocab, params: SamplingParams) -> "Sampler":
         """The grammar of ``params`` alone (llama.cpp's ``common_sampler`` keeps it apart from the chain)."""
         model = vocab.model  # raises when the model is closed
-        _check_grammar(params.grammar or "")
+        check_grammar(params)
         ptr = native.llama_sampler_init_grammar(
             vocab.ptr, (params.grammar or "").encode("utf-8"), params.grammar_root.encode("utf-8")
         )
@@ -157,24 +171,28 @@ class Sampler(_Owned):
         params.validate()
         use_grammar = bool(params.grammar) and grammar
         model = vocab.model if use_grammar else None  # raises when the model is closed
+        if use_grammar:
+            check_grammar(params)
+        biases = _logit_biases(vocab, params)  # refused before anything native is made
         chain = native.llama_sampler_chain_init(native.llama_sampler_chain_default_params())
         add = lambda s: native.llama_sampler_chain_add(chain, s)  # noqa: E731
-        if use_grammar:
-            _check_grammar(params.grammar)
-            grammar = native.llama_sampler_init_grammar(
-                vocab.ptr, params.grammar.encode("utf-8"), params.grammar_root.encode("utf-8")
-            )
-            if not grammar:
-                native.llama_sampler_free(chain)
-                why = _last_native_error("see the llama.cpp log")
-                raise SamplerError(f"grammar does not parse: {why}")
-            add(grammar)
-        biases = _logit_biases(vocab, params)
-        if biases:
-            arr = (native.llama_logit_bias * len(biases))(*[native.llama_logit_bias(t, b) for t, b in biases])
-            add(native.llama_sampler_init_logit_bias(vocab.n_tokens, len(biases), arr))
-        for smpl in chain_samplers(vocab, params):
-            add(smpl)
+        try:
+            if use_grammar:
+                grammar = native.llama_sampler_init_grammar(
+                    vocab.ptr, params.grammar.encode("utf-8"), params.grammar_root.encode("utf-8")
+                )
+                if not grammar:
+                    why = _last_native_error("see the llama.cpp log")
+                    raise SamplerError(f"grammar does not parse: {why}")
+                add(grammar)
+            if biases:
+                arr = (native.llama_logit_bias * len(biases))(*[native.llama_logit_bias(t, b) for t, b in biases])
+                add(native.llama_sampler_init_logit_bias(vocab.n_tokens, len(biases), arr))
+            for smpl in chain_samplers(vocab, params):
+                add(smpl)
+        except BaseException:
+            native.llama_sampler_free(chain)  # and the samplers added to it
+            raise
         return cls(chain, params, model=model)
 
     def live_ptr(self):

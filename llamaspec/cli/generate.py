@@ -99,6 +99,8 @@ def _parse_logit_bias(text: str) -> tuple[int, float]:
 @click.option("--repeat-last-n", type=click.IntRange(-1, (1 << 31) - 1), default=64, show_default=True, help="Tokens the repetition penalty looks at (0 = off, -1 = the context size).")
 @click.option("-s", "--seed", type=click.IntRange(min=-1, max=0xFFFFFFFF), default=-1, show_default=True, help="Sampling seed (-1 = random).")
 @click.option("--grammar-file", type=click.Path(dir_okay=False), help="GBNF grammar constraining the output.")
+@click.option("--max-grammar-alternatives", type=click.IntRange(min=0), default=512, show_default=True,
+              help="Refuse a grammar with more alternatives open at once, each a pass over the vocabulary per token (0 = no limit).")
 @click.option("-l", "--logit-bias", "logit_bias", multiple=True, metavar="TOKEN_ID(+/-)BIAS",
               help="Add BIAS to a token's logit, as llama.cpp: 15043+1, 15043-1, 15043-inf (never) (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Never end on an end-of-generation token (generate -n tokens).")
@@ -117,7 +119,7 @@ def _parse_logit_bias(text: str) -> tuple[int, float]:
               help="Also run plain decoding of the same prompt(s) and report the measured speedup (doubles the time).")
 @handle_errors
 def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size, batch_size, n_parallel, temp, top_k,
-             top_p, min_p, repeat_penalty, repeat_last_n, seed, grammar_file, logit_bias, ignore_eos, stop, chat, system_prompt, cache_dir,
+             top_p, min_p, repeat_penalty, repeat_last_n, seed, grammar_file, max_grammar_alternatives, logit_bias, ignore_eos, stop, chat, system_prompt, cache_dir,
              stats_json, color, quiet, show_stats, baseline, **spec_kw):
     """Generate text from PROMPT (argument, --file or stdin). Only the generated text goes to stdout.
 
@@ -150,9 +152,13 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
         temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
         repeat_last_n=repeat_last_n, seed=DEFAULT_SEED if seed == -1 else seed, grammar=grammar,
         logit_bias=tuple(_parse_logit_bias(x) for x in logit_bias), ignore_eos=ignore_eos,
-        **sampler_extra(),
+        max_grammar_alternatives=max_grammar_alternatives, **sampler_extra(),
     )
     sampling.validate()
+    if grammar:
+        from llamaspec._llama.sampler import check_grammar
+
+        check_grammar(sampling)  # before any model loads (too many alternatives: a UsageError naming the flag)
     if pair is None and not model and not spec_kw.get("draft_model") and not spec_kw.get("spec_type") \
             and not spec_kw.get("spec_default"):
         from llamaspec.models import load_registry

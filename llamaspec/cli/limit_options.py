@@ -1,6 +1,6 @@
 """``llamaspec serve``'s bounds on the work one request, and the whole server, may ask for (docs/limits.md):
 ``--max-request-generations --max-queued-generations --max-prompt-chars --max-stop --max-stop-chars
---max-json-depth --max-body-size --shutdown-timeout``. The defaults are :class:`llamaspec.server.limits.Limits`'s.
+--max-json-depth --max-body-size --max-grammar-alternatives --shutdown-timeout``. The defaults are :class:`llamaspec.server.limits.Limits`'s.
 """
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import click
 
 #: the keyword names the options fill in (the fields of ``Limits``)
 KEYS = ("max_request_generations", "max_queued_generations", "max_prompt_chars", "max_stop", "max_stop_chars",
-        "max_json_depth", "max_body_size", "shutdown_timeout")
+        "max_json_depth", "max_body_size", "max_grammar_alternatives", "shutdown_timeout")
 
 # the defaults of llamaspec.server.limits.Limits (that module needs starlette, which the CLI must not import
 # before `serve` checks that it is installed); tests/test_server_limits.py checks that they agree
 DEFAULTS = {"max_request_generations": 64, "max_queued_generations": 1024, "max_prompt_chars": 1 << 20,
             "max_stop": 16, "max_stop_chars": 1024, "max_json_depth": 64, "max_body_size": 8 << 20,
-            "shutdown_timeout": 10.0}
+            "max_grammar_alternatives": 512, "shutdown_timeout": 10.0}
 
 
 def limit_options():
@@ -37,6 +37,10 @@ def limit_options():
                      help="Nesting levels of a request body's JSON (deeper: 400)."),
         click.option("--max-body-size", type=click.IntRange(1024), default=d["max_body_size"], show_default=True,
                      metavar="BYTES", help="Bytes in a request body (more: 413)."),
+        click.option("--max-grammar-alternatives", type=click.IntRange(0), default=d["max_grammar_alternatives"],
+                     show_default=True,
+                     help="Alternatives a request's grammar or JSON schema may have open at once, e.g. the values of "
+                          "an enum: each costs a pass over the vocabulary on every token (more: 400; 0 = no limit)."),
         click.option("--shutdown-timeout", type=click.FloatRange(0.0), default=d["shutdown_timeout"], show_default=True,
                      metavar="SECONDS",
                      help="On SIGTERM, seconds the running requests have to finish (new ones get 503) before they "

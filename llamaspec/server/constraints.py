@@ -1,7 +1,8 @@
 """What constrains sampling in a request: ``grammar`` (GBNF) or a JSON schema (``json_schema``,
 ``response_format``), and ``logit_bias`` (token ids or text). Parsed from a request
 :class:`~llamaspec.server.parsing.Body` (taken as it is: parsing imports this module); a value llamaspec
-cannot follow is a 400 that names the field.
+cannot follow is a 400 that names the field, and so is a grammar with more alternatives open at once than
+``--max-grammar-alternatives`` (:func:`check_alternatives`).
 
 >>> from llamaspec.server.parsing import Body
 >>> print(parse_grammar(Body({"response_format": {"type": "json_object", "schema": {"const": 4}}})).splitlines()[0])
@@ -15,9 +16,11 @@ import json
 from typing import Any, Callable
 
 from .. import _llama as llama
+from .._llama.grammar_limits import alternatives_message, alternatives_over
 from .errors import invalid
+from .limits import over
 
-__all__ = ["JSON_GRAMMAR", "parse_grammar", "parse_logit_bias"]
+__all__ = ["JSON_GRAMMAR", "parse_grammar", "parse_logit_bias", "check_alternatives"]
 
 I32_MAX = (1 << 31) - 1
 
@@ -48,11 +51,21 @@ def _schema_grammar(key: str, schema: Any) -> str:
                       "(https://json-schema.org), response_format {\"type\": \"json_object\"} or a GBNF 'grammar'") from None
 
 
-def parse_grammar(b: Any) -> str | None:
+def check_alternatives(key: str, grammar: str | None, limit: int) -> None:
+    """400 naming field ``key`` when ``grammar`` has more alternatives open at once than ``limit``
+    (``--max-grammar-alternatives``; 0: no limit): llama.cpp would check each against the whole vocabulary on
+    every token, while every slot waits."""
+    n = alternatives_over(grammar or "", limit)
+    if n:
+        raise over(alternatives_message(n), limit, "max_grammar_alternatives", field=key)
+
+
+def parse_grammar(b: Any, max_alternatives: int = 0) -> str | None:
     """``grammar`` (GBNF), or the grammar of a JSON schema: the top-level ``json_schema``, ``response_format``
     ``{"type": "json_schema", "json_schema": {"schema": ...}}`` or ``{"type": "json_object", "schema": ...}``
-    (``{"type": "json_object"}`` alone: any JSON object)."""
-    grammar = b.str("grammar")
+    (``{"type": "json_object"}`` alone: any JSON object); either checked against ``max_alternatives``
+    (:func:`check_alternatives`)."""
+    grammar, grammar_key = b.str("grammar"), "grammar"
     schema_key, schema = b.get("json_schema")
     rf = b.obj("response_format")
     if rf is not None:
@@ -60,8 +73,8 @@ def parse_grammar(b: Any) -> str | None:
         if t in (None, "text"):
             pass
         elif t == "json_object" and rf.get("schema") is None:
-            if schema is None:
-                grammar = grammar or JSON_GRAMMAR
+            if schema is None and not grammar:
+                grammar, grammar_key = JSON_GRAMMAR, "response_format"
         elif t == "json_object":
             schema_key, schema = "response_format.schema", rf["schema"]
         elif t == "json_schema":
@@ -76,7 +89,10 @@ def parse_grammar(b: Any) -> str | None:
     if schema is not None:
         if grammar:
             raise invalid(f"Fields '{schema_key}' and 'grammar': give a JSON schema or a GBNF grammar, not both")
-        return _schema_grammar(schema_key, schema)
+        grammar = _schema_grammar(schema_key, schema)
+        check_alternatives(schema_key, grammar, max_alternatives)
+        return grammar
+    check_alternatives(grammar_key, grammar, max_alternatives)
     return grammar
 
 

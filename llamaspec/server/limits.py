@@ -6,6 +6,8 @@
 * prompt text per request (every prompt, or every message, together): ``--max-prompt-chars`` (1048576); 400
 * stop strings per request: ``--max-stop`` (16); characters per stop string: ``--max-stop-chars`` (1024); 400
 * JSON nesting of a body: ``--max-json-depth`` (64); 400 naming the top-level field
+* alternatives a request's grammar (``grammar``, a JSON schema, a forced tool call's) has open at once:
+  ``--max-grammar-alternatives`` (512, 0 = none; llamaspec._llama.grammar_cost); 400 naming the field
 * the request body: ``--max-body-size`` (8388608 bytes), counted while it arrives; 413
 
 Prompt tokens are bounded by the slot's context (400 ``exceed_context_size_error``). docs/limits.md says
@@ -49,6 +51,8 @@ class Limits:
     max_stop_chars: int = 1024
     max_json_depth: int = 64
     max_body_size: int = 8 << 20
+    #: alternatives a request's grammar may have open at once (llamaspec._llama.grammar_limits.MAX_ALTERNATIVES); 0 = no limit
+    max_grammar_alternatives: int = 512
     #: seconds a SIGTERM waits for running requests before it ends them with an error event
     shutdown_timeout: float = 10.0
     #: seconds a client is told to wait when the queue is full
@@ -64,6 +68,7 @@ FLAGS = {
     "max_stop_chars": "--max-stop-chars",
     "max_json_depth": "--max-json-depth",
     "max_body_size": "--max-body-size",
+    "max_grammar_alternatives": "--max-grammar-alternatives",
     "shutdown_timeout": "--shutdown-timeout",
 }
 

@@ -11,6 +11,7 @@ from .. import _llama
 from ..errors import ContextOverflowError
 from . import formats
 from .chat_prompt import chat_prompt
+from .constraints import check_alternatives
 from .errors import ApiError, api_error, exceed_context, invalid, not_supported, unavailable
 from .jobs import GenerationResponse, JobGroup, in_worker
 from .limits import check_chars, check_generations, read_body
@@ -112,6 +113,7 @@ async def _generation(state: ServerState, b: Body, prompts,
                 raise invalid("Field 'tool_choice': a required or named tool call constrains the output itself: "
                               "give no 'grammar', 'json_schema' or 'response_format' with it")
             gen.sampling.grammar = tools.grammar(_llama.json_schema_to_grammar)
+            check_alternatives("tools", gen.sampling.grammar, state.config.limits.max_grammar_alternatives)
         return gen, submit(state, prompts(b, gen), gen)
 
     return await in_worker(work)
