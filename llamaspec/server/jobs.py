@@ -121,7 +121,9 @@ class JobGroup:
 
     def cancel(self) -> None:
         """Cancel every request that is not done yet (any thread; the dispatcher thread runs the cancels)."""
-        self._dispatcher.cancel([r for r in self.reqs if not r.done])
+        reqs = [r for r in self.reqs if not r.done]
+        if reqs:  # (a response that ran to its end cancels nothing: the dispatcher is not woken for it)
+            self._dispatcher.cancel(reqs)
 
     def close(self) -> None:
         self.closed = True
@@ -151,10 +153,12 @@ class _Watch:
 class Dispatcher:
     """The one thread that moves every watched request's chunks to its group's event loop and runs the
     cancels (see the module docstring). ``engine`` is waited on for output (``Engine.wait``); None, or an
-    engine without ``wait``, is polled."""
+    engine without ``wait``, is polled. ``trimmer`` (a :class:`llamaspec.malloc.Trimmer`) is asked for a heap
+    trim whenever a watched request ends, and polled on every turn of the thread (so the trim runs here)."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Any, trimmer: Any = None):
         self._engine = engine
+        self._trimmer = trimmer
         self._lock = threading.Lock()
         self._new: list[_Watch] = []
         self._watched: list[_Watch] = []
@@ -216,6 +220,8 @@ class Dispatcher:
                 except Exception:  # noqa: BLE001 - an engine closed meanwhile: the request is done anyway
                     log.debug("cancel of request %s failed", getattr(r, "id", "?"), exc_info=True)
             moved = self._deliver()
+            if self._trimmer is not None:
+                self._trimmer.poll()
             if self._stop:
                 self._fail_rest("the server is shutting down")
                 return
@@ -237,8 +243,10 @@ class Dispatcher:
     def _deliver(self) -> bool:
         moved, keep = False, []
         for w in self._watched:
-            if w.group.closed:
-                continue  # the response is over (its requests were cancelled)
+            if w.group.closed:  # the response is over (its requests were cancelled)
+                if self._trimmer is not None:
+                    self._trimmer.request()
+                continue
             finished = False
             items: list[tuple[int, Chunk | None]] = []
             try:
@@ -265,6 +273,8 @@ class Dispatcher:
             if finished:
                 moved = True
                 w.group.post((w.i, None))
+                if self._trimmer is not None:  # what the request allocated is free now (its sampler too)
+                    self._trimmer.request()
             elif not w.group.closed:
                 keep.append(w)
         self._watched = keep

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ..chat import apply_chat_template
+from ..malloc import Trimmer
 from .errors import unavailable
 from .jobs import Dispatcher, JobGroup
 from .limits import Admission, Limits
@@ -79,6 +80,8 @@ class ServerState:
         self.admission = Admission(config.limits)
         #: moves every request's chunks to the event loop (one thread, started with the engine)
         self.dispatcher: Dispatcher | None = None
+        #: gives the C heap's free memory back after requests (on the dispatcher thread; llamaspec.malloc)
+        self.trimmer = Trimmer()
         #: a SIGTERM arrived: new generations get 503 while the running ones finish
         self.draining = False
         self._lock = threading.Lock()
@@ -101,7 +104,7 @@ class ServerState:
         apply_chat_template(engine.model, [{"role": "user", "content": "x"}], template=tmpl)  # fails early
         self.chat_template = tmpl
         engine.start()
-        self.dispatcher = Dispatcher(engine)
+        self.dispatcher = Dispatcher(engine, self.trimmer)
         self.dispatcher.start()
         self.engine = engine
 
