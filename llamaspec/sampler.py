@@ -118,7 +118,8 @@ class TargetSampler:
     # -- the distribution -------------------------------------------------------------------------
     def probs(self, ctx: "llama.Context", idx: int) -> tuple[np.ndarray, np.ndarray]:
         """The distribution :meth:`sample` draws from at row ``idx``, as ``(ids, p)`` (ids ascending, only
-        ids with p > 0). Nothing is drawn: the samplers run on a clone. ``temp <= 0`` gives a point mass."""
+        ids with p > 0). Nothing is drawn: the samplers run on a clone. ``temp <= 0`` gives a point mass, and so
+        does a row with no distribution (non-finite logits): the chain's own pick."""
         logits = self._row(ctx, idx)
         cand = self._cand
         cand.fill(logits)
@@ -155,8 +156,13 @@ class TargetSampler:
         if self.params.greedy:
             tok = cand.apply_clone(self.chain)
             return np.array([tok], dtype=np.int64), np.array([1.0])
-        cand.apply_clone(self.chain)
-        return cand.kept()
+        tok = cand.apply_clone(self.chain)
+        ids, p = cand.kept()
+        total = p.sum()
+        if tok >= 0 and not (np.isfinite(total) and total > 0.0):
+            # no distribution (non-finite logits: an extreme penalty or bias): the chain's own pick, as sample's
+            return np.array([tok], dtype=np.int64), np.array([1.0])
+        return ids, p
 
     # -- state --------------------------------------------------------------------------------------
     def clone(self) -> "TargetSampler":

@@ -9,7 +9,8 @@ The suite runs the same properties on a few dozen fixed examples; this runs them
 (``LLAMASPEC_FUZZ_EXAMPLES``; the threaded engine property of tests/test_fuzz_threads.py, which builds an
 engine per example, on ``-n``/10). Among them: clients that disconnect at random points (before the body,
 while the prompt waits or is processed, mid-stream) and threads racing ``submit`` / ``cancel`` /
-``Engine.close()``. The load & fault run against a real server process is ``scripts/load_faults.py``.
+``Engine.close()``. The load & fault run against a real server process is ``scripts/load_faults.py``;
+Schemathesis against a real server process, from its ``/openapi.json``, is ``scripts/fuzz_openapi.py``.
 
 A failure prints Hypothesis's shrunk example and, to replay it exactly, ``--seed``; fix the bug, add a focused
 regression test, and rerun with that seed.

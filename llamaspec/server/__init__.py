@@ -11,6 +11,7 @@ Needs the ``server`` extra (``pip install "llamaspec[server]"``: Starlette, uvic
 * :mod:`.formats`: ``timings`` (llama-server's fields + the acceptance report), ``usage``
 * :mod:`.metrics`: Prometheus collector with llama-server's names
 * :mod:`.run`: uvicorn on a pre-bound socket, the model loaded in a thread
+* :mod:`.openapi`: ``GET /openapi.json``, the OpenAPI 3.1 description of every route
 """
 from __future__ import annotations
 

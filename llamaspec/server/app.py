@@ -16,11 +16,13 @@
 ``GET /props``                             server settings (``POST``: 501 without ``--props``)
 ``GET /metrics``                           Prometheus (``--metrics``, else 501)
 ``GET``, ``POST /cors-proxy?url=``         the web UI's MCP proxy (``--ui-mcp-proxy``, else 403)
+``GET /openapi.json``                      public; the OpenAPI 3.1 description of these routes (``server/openapi.py``)
 =========================================  ==============================================================
 
 Every error is ``{"error": {"code", "message", "type"}}`` with llama-server's code; a bad request is a 400
 (never a 422 or 500). While the model loads every route but ``/health`` answers 503; with ``--api-key``
-every route but ``/health`` and ``/v1/models`` needs ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``.
+every route but ``/health``, ``/v1/models`` and ``/openapi.json`` needs ``Authorization: Bearer KEY`` or
+``X-Api-Key: KEY``.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from .cors_proxy import cors_proxy
 from .errors import ApiError
 from .infill import infill
 from .middleware import EXCEPTION_HANDLERS, HEALTH, PUBLIC, CorsMiddleware, GuardMiddleware, PrefixMiddleware
+from .openapi import OPENAPI_PATH, openapi
 from .routes import (
     apply_template,
     chat_input_tokens,
@@ -107,6 +110,7 @@ def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = No
         Route("/props", props, methods=["GET", "POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/cors-proxy", cors_proxy, methods=["GET", "POST"]),
+        Route(OPENAPI_PATH, openapi, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,

@@ -20,8 +20,8 @@ log = logging.getLogger("llamaspec.server")
 
 #: routes that need neither a loaded model nor an API key
 HEALTH = ("/health", "/v1/health")
-#: routes that need no API key (llama-server's public endpoints)
-PUBLIC = HEALTH + ("/models", "/v1/models")
+#: routes that need no API key (llama-server's public endpoints, and llamaspec's API description)
+PUBLIC = HEALTH + ("/models", "/v1/models", "/openapi.json")
 
 
 class GuardMiddleware:

@@ -191,7 +191,7 @@ def parse_speculative(b: Body) -> RequestSpec | None:
     vals: dict[str, Any] = {}
     for k, fk in flat_keys.items():
         fv, nv = b.data.get(fk), nb.data.get(k)
-        if fv is not None and nv is not None and fv != nv:
+        if fv is not None and nv is not None and (fv != nv or isinstance(fv, bool) != isinstance(nv, bool)):
             raise invalid(f"Field '{fk}' ({_show(fv)}) and 'speculative': {{\"{k}\": {_show(nv)}}} disagree: give one")
         src = b if fv is not None else nb
         name = fk if fv is not None else k
