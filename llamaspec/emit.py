@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Emitter"]
 
+_GENERATING = SlotState.GENERATING  # read per emit: a global is cheaper than the Enum member lookup
+
 
 class Emitter:
     def __init__(self, vocab: "llama.Vocab", n_ctx_seq: int):
@@ -31,18 +33,20 @@ class Emitter:
         """Commit sampled tokens to the slot's output; ``n_from_draft`` of the leading ones were drafted;
         ``probs``: one entry per token when the request asked for them (the chunk keeps those of the tokens
         it emits, and the text each of them made final)."""
-        vocab, stream = self.vocab, slot.stream
+        stream, generated = slot.stream, slot.generated
+        is_eog, piece_of, feed = self.vocab.is_eog, self.vocab.token_to_piece, stream.feed
+        n_predict = slot.n_predict  # -1: no limit
         emitted: list[int] = []
         text = ""
         texts: list[str] | None = [] if probs is not None else None
         for t in tokens:
-            if t == GRAMMAR_END or vocab.is_eog(t):  # the grammar allows nothing more: it ends as at EOG
+            if t == GRAMMAR_END or is_eog(t):  # the grammar allows nothing more: it ends as at EOG
                 slot.finish_reason, slot.stop_type = FinishReason.STOP, "eos"
                 slot.stats.n_eog = int(t != GRAMMAR_END)  # a sampled EOG token (llama-server counts it)
                 break
             emitted.append(t)
-            slot.generated.append(t)
-            piece = stream.feed(vocab.token_to_piece(t))
+            generated.append(t)
+            piece = feed(piece_of(t))
             text += piece
             if texts is not None:
                 texts.append(piece)
@@ -53,7 +57,7 @@ class Emitter:
                 slot.finish_reason, slot.stop_type = FinishReason.STOP, "word"
                 slot.stopping_word = stream.stop_string
                 break
-            if slot.n_remaining == 0:
+            if n_predict == len(generated):  # (never for n_predict < 0)
                 slot.finish_reason, slot.stop_type = FinishReason.LENGTH, "limit"
                 break
         if slot.finish_reason is None and slot.n_past >= self.n_ctx_seq - 1 and not self.ctx_shift:
@@ -62,7 +66,7 @@ class Emitter:
         slot.sampled = tokens[-1] if slot.finish_reason is None else None
         slot.stats.n_predicted = len(slot.generated)
         now = time.perf_counter()
-        if slot.state is SlotState.GENERATING and slot.stats.t_prompt_s > 0:
+        if slot.state is _GENERATING and slot.stats.t_prompt_s > 0:
             slot.stats.t_decode_s = now - slot.t_start
         finished = slot.finish_reason is not None
         if finished:

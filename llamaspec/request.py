@@ -88,6 +88,9 @@ class RequestState(enum.Enum):
     DONE = "done"  # finished: see finish_reason (stop, length, abort, error)
 
 
+_DONE = RequestState.DONE  # ``done`` is read often (every step, by every waiter): a global is cheaper
+
+
 class Request:
     """One generation request (see the module docstring). Create it with :meth:`Engine.submit`."""
 
@@ -134,7 +137,7 @@ class Request:
     # -- state --------------------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return self.state is RequestState.DONE
+        return self.state is _DONE
 
     @property
     def text(self) -> str:
@@ -216,7 +219,9 @@ class Request:
         self.tokens.extend(ch.tokens)
         if ch.probs:
             self.token_probs.extend(ch.probs)
-        self.drafted_mask.extend(i < ch.n_from_draft for i in range(len(ch.tokens)))
+        n = len(ch.tokens)
+        k = min(ch.n_from_draft, n)  # the leading k tokens were drafted
+        self.drafted_mask += [True] * k + [False] * (n - k) if k else [False] * n
         self._text.append(ch.text)
         self._chunks.append(ch)
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .policy import DraftBudget
 
 log = logging.getLogger("llamaspec")
+_GENERATING, _PROMPT = SlotState.GENERATING, SlotState.PROMPT  # read per slot per round: a global is cheaper
 
 
 @dataclass
@@ -87,7 +88,7 @@ class Round:
                     self._after_draft(s)
                 except Exception as e:  # noqa: BLE001 - confined to this slot
                     self._fail(s, e)
-        live = [s for s in gen if s.state is SlotState.GENERATING]
+        live = [s for s in gen if s.state is _GENERATING]
         groups = self._batches(live)
         self._plan_prompts(groups, prompts)
         for group in groups:
@@ -95,7 +96,7 @@ class Round:
                 for s in decoded:
                     s.stats.n_target_decodes += 1
                     try:
-                        if s.state is SlotState.PROMPT:
+                        if s.state is _PROMPT:
                             self._prompt_chunk_done(s)
                         else:
                             self._verify(s)
@@ -297,7 +298,7 @@ class Round:
         last decode, so a long prompt is spread over rounds instead of stalling the others. With no room left
         (or no generating slot), prompts get a decode of their own."""
         n_batch = self.ctx.n_batch
-        room = n_batch - sum(1 + len(s.spec_draft) for s in groups[-1]) if groups else 0
+        room = n_batch - sum(1 + len(s.spec_draft) for s in groups[-1]) if groups and prompts else 0
         for s in prompts:
             end = len(s.tokens)
             if s.want_prompt_ckpt and s.n_prompt_done < end - 1:
@@ -315,17 +316,18 @@ class Round:
         prompt (an output on its last token when the prompt completes); remembers each slot's row indices."""
         rows: list[llama.Row] = []
         for s in group:
-            if s.state is SlotState.PROMPT:
+            if s.state is _PROMPT:
                 p0, n = s.n_prompt_done, s.n_prompt_chunk
                 last = p0 + n == len(s.tokens)
                 s.spec_i_batch = [len(rows) + n - 1] if last else []
                 rows.extend(llama.Row(t, p0 + j, s.seq_id, last and j == n - 1)
                             for j, t in enumerate(s.tokens[p0 : p0 + n]))
                 continue
-            p0 = s.n_past
-            s.spec_i_batch = list(range(len(rows), len(rows) + 1 + len(s.spec_draft)))
-            rows.append(llama.Row(s.sampled, p0, s.seq_id, True))
-            rows.extend(llama.Row(t, p0 + 1 + j, s.seq_id, True) for j, t in enumerate(s.spec_draft))
+            p0, i0, seq = s.n_past, len(rows), s.seq_id
+            rows.append(llama.Row(s.sampled, p0, seq, True))
+            if s.spec_draft:
+                rows.extend(llama.Row(t, p0 + 1 + j, seq, True) for j, t in enumerate(s.spec_draft))
+            s.spec_i_batch = list(range(i0, len(rows)))
         return rows
 
     def _decode_group(self, group: list[Slot]) -> Iterator[list[Slot]]:

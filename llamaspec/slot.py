@@ -188,6 +188,7 @@ class Slot:
 
     def __init__(self, slot_id: int):
         self.id = slot_id
+        self.seq_id = slot_id  # its sequence in both contexts (an attribute: read many times per round)
         self.state = SlotState.IDLE
         self.sampler: "TargetSampler | None" = None
         #: tokens left in memory by the last finished request (the prompt cache), and when it finished
@@ -247,10 +248,6 @@ class Slot:
     def clear_round(self) -> None:
         """Forget the round in progress (its draft, rows and replay), after an error or an interrupt."""
         self.spec_draft, self.spec_probs, self.spec_is_replay, self.spec_i_batch = [], None, False, []
-
-    @property
-    def seq_id(self) -> int:
-        return self.id
 
     @property
     def n_past(self) -> int:

@@ -61,12 +61,15 @@ class Stepper:
             mark_closed()
             self._ucv.wait_for(lambda: self._users == 0)
 
-    def notify(self) -> None:
-        """After a step (or work done in place of one): wake the idle engine thread, and each waiter whose
-        condition now holds (the others sleep on: a thread woken after every step for nothing costs the
-        engine thread the GIL each time)."""
-        with self._cv:
-            self._cv.notify_all()
+    def notify(self, engine: bool = True) -> None:
+        """After a step (or work done in place of one): wake the idle engine thread (``engine``; not needed
+        after its own step), and each waiter whose condition now holds (the others sleep on: a thread woken
+        after every step for nothing costs the engine thread the GIL each time)."""
+        if engine:
+            with self._cv:
+                self._cv.notify_all()
+        if not self._waiters:  # (read without the lock: a new waiter checks its condition itself)
+            return
         with self._wlock:
             waiters = list(self._waiters)
         for ready, ev in waiters:
@@ -82,7 +85,7 @@ class Stepper:
             try:
                 return self._step()
             finally:
-                self.notify()
+                self.notify(engine=threading.current_thread() is not self._thread)
 
     def run_now(self, work: Callable[[], None]) -> None:
         """Do ``work`` at once when no step runs (else the next step does it), then wake the waiters."""

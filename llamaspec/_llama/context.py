@@ -182,6 +182,7 @@ class Context(_Owned):
         self.n_seq_max: int = int(native.llama_n_seq_max(ptr))
         self.n_rs_seq: int = int(native.llama_n_rs_seq(ptr))
         self.n_vocab: int = model.vocab.n_tokens
+        self._row_t = ctypes.c_float * self.n_vocab  # one row of logits (``logits``)
         # effective output limits, computed exactly as llama-context.cpp does (spec §5.2)
         if p.n_outputs_max == 0 or model.has_encoder:
             self.n_outputs_max = self.n_batch
@@ -228,13 +229,13 @@ class Context(_Owned):
             if r.output:
                 n_out += 1
         self.check_outputs(n_out)
-        if self.n_outputs_max_per_seq < n_out:
+        if self.n_outputs_max_per_seq < n_out and self.params.extra.get("samplers"):  # (the cheap test first)
             per: dict[int, int] = {}
             for r in rows:
                 if r.output:
                     per[r.seq_id] = per.get(r.seq_id, 0) + 1
             worst = max(per.values())
-            if worst > self.n_outputs_max_per_seq and self.params.extra.get("samplers"):
+            if worst > self.n_outputs_max_per_seq:
                 raise OutputLimitError(
                     f"a sequence asks for {worst} output rows, n_outputs_max_per_seq={self.n_outputs_max_per_seq}"
                 )
@@ -304,7 +305,8 @@ class Context(_Owned):
     # -- outputs --------------------------------------------------------------------------------
     def logits(self, i: int) -> np.ndarray:
         """Logits of batch row ``i`` of the last decode, as a numpy view (valid until the next decode)."""
-        return np.ctypeslib.as_array(self.logits_ptr(i), shape=(self.n_vocab,))
+        # (np.ctypeslib.as_array costs several times this: it looks its array type up on every call)
+        return np.frombuffer(self._row_t.from_address(ctypes.addressof(self.logits_ptr(i).contents)), np.float32)
 
     def logits_ptr(self, i: int):
         """The native logits of batch row ``i``; :class:`DecodeError` when the row has none (a sampler

@@ -46,17 +46,18 @@ class TokenBatch:
         ``i`` whose token is outside the vocabulary (code -2) or whose sequence is outside ``0..n_seq_max - 1``
         (code -3) (llama_batch_ext_add's codes), or ``(0, -1)``."""
         n = len(rows)
-        tok = self.token[:n]
-        tok[:] = [r.token for r in rows]
+        tok = [r.token for r in rows]
+        seq = [r.seq_id for r in rows]
+        self.token[:n] = tok
         self.pos[:n] = [r.pos for r in rows]
-        seq = self.seq[:n]
-        seq[:] = [r.seq_id for r in rows]
+        self.seq[:n] = seq
         self.logits[:n] = [r.output for r in rows]
         self.batch.n_tokens = n
-        for code, bad in ((-2, (tok < 0) | (tok >= n_vocab)), (-3, (seq < 0) | (seq >= n_seq_max))):
-            i = np.flatnonzero(bad)
-            if i.size:
-                return code, int(i[0])
+        # checked on the lists: for the few rows of a generation round far cheaper than numpy's comparisons
+        if min(tok) < 0 or max(tok) >= n_vocab:
+            return -2, next(i for i, t in enumerate(tok) if not 0 <= t < n_vocab)
+        if min(seq) < 0 or max(seq) >= n_seq_max:
+            return -3, next(i for i, q in enumerate(seq) if not 0 <= q < n_seq_max)
         return 0, -1
 
     def decode(self, ctx_ptr: int) -> int:

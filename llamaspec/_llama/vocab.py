@@ -72,6 +72,8 @@ class Vocab:
         self.add_bos: bool = bool(native.llama_vocab_get_add_bos(ptr))
         self.add_eos: bool = bool(native.llama_vocab_get_add_eos(ptr))
         self._eog_cache: dict[int, bool] = {}
+        #: token -> piece, without / with special tokens rendered (``token_to_piece``)
+        self._pieces: tuple[dict[int, bytes], dict[int, bytes]] = ({}, {})
         self._eog_all: tuple[int, ...] | None = None
 
     @property
@@ -140,13 +142,22 @@ class Vocab:
         return list(buf[:n])
 
     def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
-        ptr = self.ptr
-        buf = ctypes.create_string_buffer(64)  # per call: two threads may detokenize at once
-        n = native.llama_token_to_piece(ptr, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
+        """The token's bytes (llama.cpp's ``llama_token_to_piece``), asked of llama.cpp once per token and
+        then read from a cache (a piece never changes; the emitter reads one per generated token). A piece not
+        cached yet needs the model open."""
+        cache = self._pieces[1 if special else 0]
+        piece = cache.get(token)
+        if piece is None:
+            ptr = self.ptr  # raises once the model is closed
+            buf = ctypes.create_string_buffer(64)  # per call: two threads may detokenize at once
             n = native.llama_token_to_piece(ptr, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = native.llama_token_to_piece(ptr, token, buf, len(buf), 0, special)
+            piece = buf.raw[:n]
+            if 0 <= token < self.n_tokens:  # an id outside the vocabulary is not kept
+                cache[token] = piece
+        return piece
 
     def detokenize(self, tokens: Sequence[int], *, remove_special: bool = False, unparse_special: bool = False) -> str:
         if not tokens:

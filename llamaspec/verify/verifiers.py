@@ -57,6 +57,8 @@ class MatchVerifier(Verifier):
 
     def verify(self, rows, draft, p_dft=None):
         sampler, ctx = self.sampler, self.ctx
+        if not draft:  # plain decoding: sample_and_match of no draft is the one pick
+            return [sampler.sample(ctx, rows[0])]
         return sample_and_match(lambda i: sampler.sample(ctx, rows[i]), self.is_eog, draft)
 
     def replay(self, rows, known):
