@@ -279,7 +279,22 @@ class CostModel:
         return self.checkpoint_ms / base + (1.0 - all_accepted) * restore
 
     def add_decode(self, n_rows: int, ms: float) -> None:
-        self.decode_ms[n_rows] = self._ema(self.decode_ms.get(n_rows), ms)
+        """A decode of ``n_rows`` rows took ``ms``. A busy machine only ever makes a decode wait longer (another
+        process had the cores), so a time above the average moves it a quarter as far as one below, and a row
+        count's first time counts at most 3x what the curve measured so far predicts: the times follow the
+        machine's undisturbed speed, and row counts measured at different moments compare as work (issue 25).
+
+        >>> m = CostModel(); m.add_decode(4, 10.0); m.add_decode(4, 30.0); m.decode_ms[4]   # 20 ms slower: +1 ms
+        11.0
+        >>> m.add_decode(4, 6.0); m.decode_ms[4]                                            # 5 ms faster: -1 ms
+        10.0
+        """
+        old = self.decode_ms.get(n_rows)
+        if old is None and len(self.decode_ms) >= 2:
+            ms = min(ms, 3.0 * self.verify_cost(n_rows - 1) * (self.base_ms() or ms))
+        elif old is not None and ms > old:
+            ms = old + (min(ms, 3.0 * old) - old) / 4.0
+        self.decode_ms[n_rows] = self._ema(old, ms)
 
     def add_draft(self, n_tokens: int, ms: float, n_seqs: int = 1, n_steps: int | None = None) -> None:
         """``ms`` of drafting ``n_tokens`` for ``n_seqs`` sequences together in ``n_steps`` batched steps
@@ -338,12 +353,23 @@ class CostModel:
 
     def _curve(self) -> "tuple[float, dict[int, float], list[int], float] | None":
         """``(base, ms by row count, the row counts sorted, the slope past the last)`` of the measured decode
-        times, or None while the prior applies (fewer than two row counts measured)."""
+        times, never falling with the row count, or None while the prior applies (fewer than two measured).
+
+        >>> m = CostModel(); m.add_decode(1, 10.0); m.add_decode(9, 400.0); m.add_decode(17, 20.0)
+        >>> m.add_decode(33, 30.0); [m.verify_cost(k) for k in (0, 8, 32)]   # 9 rows never above 17
+        [1.0, 2.0, 3.0]
+        """
         base = self.base_ms()
         if not base or len(self.decode_ms) < 2:
             return None
         ms = {1: base, **self.decode_ms}
         known = sorted(ms)
+        # the lower envelope from the right: a busy machine only adds time, and one slow sample at a row count
+        # seen once (the first decodes, a decode that waited for the CPU) priced medium drafts above long ones
+        # for the rest of the run (issue 25: 11 rows 4.3 s and 57 rows 5.2 s next to 12 rows 0.13 s)
+        low = ms[known[-1]]
+        for r in reversed(known):
+            low = ms[r] = min(ms[r], low)
         last = known[-1]
         # a noisy measurement can make the slope negative: a longer verify never costs less than one row
         slope = max((ms[last] - base) / max(last - 1, 1) if last > 1 else 0.05 * base, 0.0)

@@ -19,6 +19,7 @@ MODULES = [
     "llamaspec.drafters.draft_model",
     "llamaspec.drafters.ngram_lookup",
     "llamaspec.drafters.ngram_pool",
+    "llamaspec.drafters.ngram_rates",
     "llamaspec.server.tenant",
     "llamaspec.server.tools",
     "llamaspec.server.pythonic",

@@ -24,7 +24,8 @@ What it does, per slot:
    whose first token failed in one bucket, that bucket's drafts are at most ``MISS_CAP`` tokens until one
    is accepted: the counts' prior keeps ``p1`` from falling below ~0.25 however often the first token fails,
    and with ``q`` high a low ``p1`` still prices long drafts well (a counting list -- every line the last
-   one with its number changed -- failed 15-19-token drafts at their first token line after line).
+   one with its number changed -- failed 15-19-token drafts at their first token line after line). The prior is
+   moved per slot by what its drafts earned, and rows are priced at their share of a busy round (ngram_rates).
 5. **Pool.** Every slot also looks the suffix up in the shared pool of every request's sequences (earlier and
    running ones, one tenant's own unless shared; :mod:`llamaspec.drafters.ngram_pool`); a pool match longer
    than the own one drafts what followed it there, its length from the slot's counts of pool drafts.
@@ -50,6 +51,7 @@ from ..adaptive import CostModel, Explorer, default_verify_cost
 from ..params import NgramLookupParams
 from .base import DraftParams, Drafter
 from .ngram_pool import PoolDrafting, SharedPool
+from .ngram_rates import Calibration, shared_cost_table
 
 __all__ = ["NgramLookup", "NgramLookupParams", "best_length", "best_length_table", "expected_len", "lookup_draft", "default_verify_cost"]
 
@@ -162,7 +164,7 @@ def lookup_draft(seq: Sequence[int], key_max: int, n: int) -> list[int]:
 class _Slot:
     """One sequence's history, its n-gram index and its acceptance counts."""
 
-    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "explorer", "k_lim", "miss")
+    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "explorer", "k_lim", "miss", "cal")
 
     def __init__(self, key_max: int, k_lim: int = 0, explore_every: int = 8):
         self.toks: list[int] = []
@@ -177,6 +179,7 @@ class _Slot:
         self.explorer = Explorer(explore_every, backoff=8)
         self.k_lim = k_lim  # the longest draft this slot may risk now (0 = no limit)
         self.miss = [0] * nb  # per bucket: drafts in a row whose first token failed
+        self.cal = Calibration()  # this slot's copies against the drafter-wide prior (every bucket's)
 
     # -- index ----------------------------------------------------------------------------------
     def build(self, tokens: Sequence[int]) -> None:
@@ -261,8 +264,10 @@ class _Slot:
 
     # -- acceptance counts ------------------------------------------------------------------------
     def rates(self, b: int, prior_p1: list[float], prior_q: list[float], w: float) -> tuple[float, float]:
-        p1 = (self.p1_a[b] + w * prior_p1[b]) / (self.p1_n[b] + w)
-        q = (self.q_a[b] + w * prior_q[b]) / (self.q_n[b] + w)
+        """Bucket ``b``'s ``(p1, q)``: its counts shrunk toward the prior as the slot's calibration moves it."""
+        pp, pq = self.cal.prior(prior_p1[b], prior_q[b])
+        p1 = (self.p1_a[b] + w * pp) / (self.p1_n[b] + w)
+        q = (self.q_a[b] + w * pq) / (self.q_n[b] + w)
         return p1, q
 
     def update(self, b: int, k: int, n_acc: int, decay: float) -> None:
@@ -308,7 +313,7 @@ class NgramLookup(Drafter):
         self.verify_cost: Callable[[int], float] = default_verify_cost
         #: per slot, the tokens per unit cost a draft must beat (auto: the draft model's measured gain)
         self.gain_floor: Callable[[int], float] = lambda seq_id: 1.0
-        self._vt: list[float] | None = None
+        self._vt: dict[int, list[float]] = {}  # cost tables by the number of slots drafting in the round
         self._vt_age = 0
         #: rounds without a draft, by reason (class docstring)
         self.skips: dict[str, int] = {"no-match": 0, "not-paying": 0}
@@ -324,15 +329,19 @@ class NgramLookup(Drafter):
     def use_cost_model(self, cost_model: CostModel) -> None:
         """Take ``v(k)`` from an online cost model (``auto``'s :class:`~llamaspec.adaptive.CostModel`)."""
         self.verify_cost = cost_model.verify_cost
-        self._vt = None
+        self._vt = {}
 
-    def _cost_table(self) -> list[float]:
-        """``v(0..n_max)``, recomputed every ``VT_REFRESH`` draft calls (the costs move slowly)."""
-        if self._vt is None or self._vt_age >= VT_REFRESH:
-            self._vt = [max(self.verify_cost(k), 1e-9) for k in range(self.n_max + 1)]
+    def _cost_table(self, n_slots: int = 1) -> list[float]:
+        """A draft's cost by length with ``n_slots`` drafting (ngram_rates.shared_cost_table; ``v(0..n_max)``
+        for one), recomputed every ``VT_REFRESH`` draft calls (the costs move slowly)."""
+        if self._vt_age >= VT_REFRESH:
+            self._vt = {}
             self._vt_age = 0
         self._vt_age += 1
-        return self._vt
+        vt = self._vt.get(n_slots)
+        if vt is None:
+            vt = self._vt[n_slots] = shared_cost_table(self.verify_cost, self.n_max, n_slots)
+        return vt
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
@@ -365,6 +374,7 @@ class NgramLookup(Drafter):
     def draft(self, params: Sequence[DraftParams]) -> None:
         p = self.params
         priors = None
+        n_slots = sum(1 for dp in params if dp.drafting)  # the slots whose rows share this round's decode
         for seq_id, dp in enumerate(params):
             if not dp.drafting:
                 continue
@@ -391,11 +401,11 @@ class NgramLookup(Drafter):
                 if hit is not None:  # the pool matches longer: its own counts decide
                     bp = _bucket(hit[2])
                     p1, q = self.pool.rates(seq_id, bp, p.prior_weight)
-                    k = best_length_table(p1, q, self._cost_table(), k_cap, floor=self.gain_floor(seq_id))
+                    k = best_length_table(p1, q, self._cost_table(n_slots), k_cap, floor=self.gain_floor(seq_id))
                     hit, b = (hit, bp) if k > 0 or e < 0 else (None, b)
                 if hit is None:
                     p1, q = st.rates(b, priors[0], priors[1], p.prior_weight)
-                    k = best_length_table(p1, q, self._cost_table(), k_cap, floor=self.gain_floor(seq_id))
+                    k = best_length_table(p1, q, self._cost_table(n_slots), k_cap, floor=self.gain_floor(seq_id))
                     if st.miss[b] >= MISS_STREAK:
                         k = min(k, MISS_CAP)
                 if k == 0:
@@ -421,6 +431,7 @@ class NgramLookup(Drafter):
         if is_other or b < 0 or k <= 0:
             return
         if not from_pool:
+            st.cal.update(k, n_accepted, self._g_p1[b][0] / self._g_p1[b][1], self._g_q[b][0] / self._g_q[b][1], p.decay)
             st.update(b, k, n_accepted, self.params.decay)
             st.miss[b] = st.miss[b] + 1 if n_accepted == 0 else 0
         if st.k_lim > 0:

@@ -20,7 +20,8 @@ occurrence that matches longer than anything in the slot's own history, the draf
   with them, so the index never holds more than ``len(POOL_KEYS)`` x 2 entries per token held. Live
   sequences are bounded by the context. Tokens are stored as 32-bit ints.
 * **Length.** :class:`PoolDrafting` keeps the slot's acceptance counts of pool drafts apart from its own
-  copies (a poor pool does not make own copies shorter) and a drafter-wide prior of its own; the length
+  copies (a poor pool does not make own copies shorter) and a drafter-wide prior of its own, moved per slot
+  by what its pool drafts earned against it (:class:`~llamaspec.drafters.ngram_rates.Calibration`); the length
   rule is ``ngram-lookup``'s (match-length buckets, expected gain per unit cost).
 
 >>> pool = SharedPool(budget=100)
@@ -40,6 +41,8 @@ from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
+
+from .ngram_rates import Calibration
 
 __all__ = ["SharedPool", "PoolDrafting", "POOL_KEYS", "owner_salt"]
 
@@ -246,12 +249,13 @@ class SharedPool:
 class _Cursor:
     """One slot's place in the pool: its live sequence, what of its history is in it, its counts."""
 
-    __slots__ = ("uid", "ref", "n", "owner", "p1_n", "p1_a", "q_n", "q_a", "last_uid")
+    __slots__ = ("uid", "ref", "n", "owner", "p1_n", "p1_a", "q_n", "q_a", "last_uid", "cal")
 
     def __init__(self, nb: int, owner: str = ""):
         self.uid, self.ref, self.n, self.owner = -1, None, 0, owner
         self.p1_n, self.p1_a, self.q_n, self.q_a = [0.0] * nb, [0.0] * nb, [0.0] * nb, [0.0] * nb
         self.last_uid = -1
+        self.cal = Calibration()
 
 
 class PoolDrafting:
@@ -314,8 +318,8 @@ class PoolDrafting:
     def rates(self, seq_id: int, b: int, w: float) -> tuple[float, float]:
         c = self.cur[seq_id]
         g1, gq = self._g_p1[b], self._g_q[b]
-        return ((c.p1_a[b] + w * g1[0] / g1[1]) / (c.p1_n[b] + w),
-                (c.q_a[b] + w * gq[0] / gq[1]) / (c.q_n[b] + w))
+        pp, pq = c.cal.prior(g1[0] / g1[1], gq[0] / gq[1])
+        return (c.p1_a[b] + w * pp) / (c.p1_n[b] + w), (c.q_a[b] + w * pq) / (c.q_n[b] + w)
 
     def copy(self, seq_id: int, hit, k: int) -> list[int]:
         """The draft from ``hit`` (``lookup``'s answer); remembers it for :meth:`accept`."""
@@ -334,6 +338,7 @@ class PoolDrafting:
         self.n_accepted += n_acc
         if n_acc > 0:
             self.pool.touch(uid)
+        c.cal.update(k, n_acc, self._g_p1[b][0] / self._g_p1[b][1], self._g_q[b][0] / self._g_q[b][1], decay)
         c.p1_n[b] = c.p1_n[b] * decay + 1.0
         c.p1_a[b] = c.p1_a[b] * decay + (1.0 if n_acc > 0 else 0.0)
         tried = min(k, n_acc + 1) - 1
