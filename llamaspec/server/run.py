@@ -40,8 +40,10 @@ def bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
         raise ServeError(f"cannot listen on {host}:{port}: unknown host ({e.strerror})") from None
-    family, _, _, _, addr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    family, _, proto, _, addr = infos[0]
+    # The protocol must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose
+    # proto says TCP, and without it a response written in two parts waits ~40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuse_port and hasattr(socket, "SO_REUSEPORT"):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
