@@ -480,13 +480,19 @@ def test_bench_server_quick(tmp_path):
     for (key, _), row in rows.items():
         assert row["n_errors"] == 0 and row["tps_median"] > 0
         assert (row["acceptance"] is not None) == (key != "ls:plain")
-    # every request generated n_predict tokens or stopped early; 2 clients send 2 * ceil(3 / 2) requests
+    # every request generated n_predict tokens or stopped early; on --quick each of 2 clients sends 32 requests
     run2 = [x for x in rep["runs"] if x["clients"] == 2][0]
-    assert run2["n_requests"] == run2["n_ok"] == 4 and 0 < run2["predicted_n"] <= 4 * 8
+    assert run2["n_requests"] == run2["n_ok"] == 64 and 0 < run2["predicted_n"] <= 64 * 8
+    assert rep["settings"]["requests_per_client"] == 32
     assert any("not built" in n for n in rep["notes"])
     assert md.read_text().startswith("# llamaspec bench --server")
     if plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # --requests-per-client, else the prompts shared out: 2 clients send 2 * ceil(3 / 2)
+    r = _invoke(["--quick", "--server", "--clients", "2", "-n", "4", "--requests-per-client", "3", "--server-variants",
+                 "ls:plain", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    assert [x["n_requests"] for x in json.loads(js.read_text())["runs"]] == [6]
     r = _invoke(["--quick", "--server", "--clients", "1,x"])
     assert r.exit_code == 2 and "--clients" in r.output
     r = _invoke(["--quick", "--server", "--server-variants", "ls:nope"])

@@ -3,9 +3,10 @@ and native ``llama-server``, with the same models, ``-np`` and prompts, each ser
 settings (:mod:`.server_variants`: by default llamaspec's defaults against llama-server plain and with a draft).
 
 Every server is started once on free loopback ports (never timed). Each measurement sends
-``clients * ceil(n_prompts / clients)`` greedy ``POST /completion`` requests (the bench's prompts as token
-ids, cycled; ``n_predict`` fixed, ``cache_prompt: false``, streaming off) from ``clients`` threads, each
-sending its next request when its previous one answered. Aggregate tokens/s = the sum of the responses'
+``clients * ceil(n_prompts / clients)`` greedy ``POST /completion`` requests, or ``clients * requests_per_client``
+(the bench's prompts as token ids, cycled; ``n_predict`` fixed, ``cache_prompt: false``, streaming off) from
+``clients`` threads, each sending its next request when its previous one answered, on one keep-alive
+connection of its own (as the OpenAI SDK's clients do). Aggregate tokens/s = the sum of the responses'
 ``timings.predicted_n`` over the wall time from the first request sent to the last response received.
 Per repeat, client counts run in order and the servers alternate (A B C on even repeats, C B A on odd
 ones), so slow drift of a shared machine hits all alike.
@@ -13,6 +14,7 @@ ones), so slow drift of a shared machine hits all alike.
 from __future__ import annotations
 
 import datetime as _dt
+import http.client
 import json
 import math
 import os
@@ -57,6 +59,8 @@ class ServerBenchConfig:
     draft_n_max: int = 3
     draft_n_min: int = 0
     seed: int = 42
+    #: requests each client sends per measurement (0: ceil(n_prompts / clients))
+    requests_per_client: int = 0
     native_dir: str | None = None
     target_name: str | None = None
     draft_name: str | None = None
@@ -125,13 +129,20 @@ class HttpServer:
         except OSError:  # pragma: no cover
             return ""
 
-    def complete(self, tokens: Sequence[int], n_predict: int, seed: int) -> dict:
+    def complete(self, tokens: Sequence[int], n_predict: int, seed: int, conn: "KeepAlive | None" = None) -> dict:
+        """One greedy completion, on ``conn`` (a client's keep-alive connection) or a connection of its own."""
         body = {"prompt": list(tokens), "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": seed,
                 "cache_prompt": False, "stream": False}
+        if conn is not None:
+            return conn.post_json("/completion", body, self.label)
         try:
             return json.loads(_http(self.base + "/completion", body).decode("utf-8"))
         except urllib.error.HTTPError as e:
             raise LlamaSpecError(f"{self.label}: HTTP {e.code}: {e.read()[:300]!r}") from None
+
+    def connect(self) -> "KeepAlive":
+        return KeepAlive(self.port)
+
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -142,6 +153,41 @@ class HttpServer:
                 self.proc.kill()
                 self.proc.wait(timeout=20)
         self.proc = None
+
+
+class KeepAlive:
+    """One client's persistent HTTP/1.1 connection to a loopback server; reconnects once when the server
+    closed it between requests."""
+
+    def __init__(self, port: int, timeout: float = 600.0):
+        self.port, self.timeout = port, timeout
+        self.conn: http.client.HTTPConnection | None = None
+
+    def post_json(self, path: str, body: dict, label: str) -> dict:
+        data = json.dumps(body).encode("utf-8")
+        for attempt in (0, 1):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(LOOPBACK, self.port, timeout=self.timeout)
+            try:
+                self.conn.request("POST", path, data, {"Content-Type": "application/json"})
+                r = self.conn.getresponse()
+                raw = r.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self.close()
+                if attempt:
+                    raise
+                continue
+            if r.getheader("connection", "").lower() == "close":
+                self.close()
+            if r.status != 200:
+                raise LlamaSpecError(f"{label}: HTTP {r.status}: {raw[:300]!r}")
+            return json.loads(raw.decode("utf-8"))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
 
 
 def server_args(cfg: ServerBenchConfig) -> list[str]:
@@ -168,9 +214,11 @@ def make_server(v: ServerVariant, cfg: ServerBenchConfig, log_dir: str) -> HttpS
                                              str(port), "--no-webui", "--cache-ram", "0", *common], log_dir)
 
 
-def measure(server: HttpServer, prompts: Sequence[Sequence[int]], clients: int, n_predict: int, seed: int) -> dict:
-    """One measurement: ``clients`` threads send the requests (prompts cycled to a multiple of ``clients``)."""
-    n_req = clients * math.ceil(len(prompts) / clients)
+def measure(server: HttpServer, prompts: Sequence[Sequence[int]], clients: int, n_predict: int, seed: int,
+            per_client: int = 0) -> dict:
+    """One measurement: ``clients`` threads send the requests (prompts cycled to a multiple of ``clients``, or to
+    ``clients * per_client``), each on its own keep-alive connection."""
+    n_req = clients * (per_client or math.ceil(len(prompts) / clients))
     jobs = [prompts[i % len(prompts)] for i in range(n_req)]
     lock = threading.Lock()
     nxt = [0]
@@ -178,6 +226,13 @@ def measure(server: HttpServer, prompts: Sequence[Sequence[int]], clients: int, 
     errors: list[str] = []
 
     def client() -> None:
+        conn = server.connect()
+        try:
+            run(conn)
+        finally:
+            conn.close()
+
+    def run(conn: KeepAlive) -> None:
         while True:
             with lock:
                 i = nxt[0]
@@ -186,7 +241,7 @@ def measure(server: HttpServer, prompts: Sequence[Sequence[int]], clients: int, 
                 return
             t0 = time.perf_counter()
             try:
-                r = server.complete(jobs[i], n_predict, seed)
+                r = server.complete(jobs[i], n_predict, seed, conn)
             except Exception as e:  # reported in the run, not fatal
                 with lock:
                     errors.append(f"{type(e).__name__}: {e}")
@@ -256,7 +311,7 @@ def run_server_benchmark(cfg: ServerBenchConfig, progress: Callable[[str], None]
                 for key in (order if rep % 2 == 0 else order[::-1]):
                     s = servers[key]
                     progress(f"r{rep + 1} {c} client(s) {s.label}")
-                    m = measure(s, tokens, c, cfg.n_predict, cfg.seed)
+                    m = measure(s, tokens, c, cfg.n_predict, cfg.seed, cfg.requests_per_client)
                     runs.append({"engine": variants[key].engine, "variant": key, "server": s.label, "clients": c,
                                  "repeat": rep, **m})
         commands = {key: " ".join(s.command()) for key, s in servers.items()}
@@ -277,6 +332,8 @@ def run_server_benchmark(cfg: ServerBenchConfig, progress: Callable[[str], None]
                      "variants": [f"{k} ({v.label})" for k, v in variants.items() if k in servers], "repeats": cfg.repeats,
                      "n_prompts": len(bprompts), "prompt_tokens": {p.id: len(p.tokens) for p in bprompts},
                      "sampling": "greedy (temperature 0), cache_prompt false, stream false", "quick": cfg.quick,
+                     "requests_per_client": cfg.requests_per_client or "ceil(prompts / clients)",
+                     "connections": "one keep-alive connection per client",
                      "schedule": "per repeat: client counts in order, servers alternating (A B C, then C B A)"},
         "server_commands": commands,
         "notes": notes,
@@ -352,7 +409,9 @@ def render_server_markdown(report: dict) -> str:
               f"{m.get('loadavg_at_start')} · {report['duration_s']} s", "",
               f"Target {s['target']}, draft {s['draft']}; settings: {', '.join(s.get('variants', []))}; "
               f"-np {s['n_parallel']}, -c {s['n_ctx']} ({s['n_ctx_seq']} per slot), -b {s['n_batch']}, threads "
-              f"{s['threads']}; {s['n_prompts']} prompts, n_predict {s['n_predict']}, {s['sampling']}; {s['repeats']} "
+              f"{s['threads']}; {s['n_prompts']} prompts, n_predict {s['n_predict']}, {s['sampling']}; requests per "
+              f"client per measurement: {s.get('requests_per_client', 'ceil(prompts / clients)')}, "
+              f"{s.get('connections', 'a new connection per request')}; {s['repeats']} "
               f"repeats, {s['schedule']}.", "",
               "Aggregate decode tokens/s = sum of `timings.predicted_n` / wall time from the first request sent to the "
               "last response (prompt processing included in the wall time).", "",

@@ -25,6 +25,9 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
                    "llama-server (engines llamaspec, native), same models, draft-simple (--spec-draft-n-max/-n-min; --modes "
                    "is not used), -np and prompts, interleaved; 2 repeats unless --repeats.")
 @click.option("--clients", default="1,4,8", show_default=True, help="Server mode: comma list of concurrent client counts.")
+@click.option("--requests-per-client", type=click.IntRange(min=1), default=None,
+              help="Server mode: requests each client sends per measurement (default: the prompts shared out, at "
+                   "least one each; --quick: 32, so a tiny model's measurement lasts long enough to time).")
 @click.option("--sweep", is_flag=True,
               help="Server mode: the concurrency sweep, 1,2,4,8,16 clients on -np 16 (unless --clients / -np), "
                    "llamaspec's defaults against llama-server plain and with draft-simple at n_max 3 and 8 (without a "
@@ -77,7 +80,7 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--spec-ngram-map-k-size-m", "ngram_map_k_size_m", type=int, default=None, help="ngram-map-k: draft length (default 48).")
 @extra_options
 @handle_errors
-def bench(quick, server_mode, clients, sweep, server_variants, n_parallel, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
+def bench(quick, server_mode, clients, requests_per_client, sweep, server_variants, n_parallel, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
           flash_attn, seed, spec_draft_n_max, spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol,
           json_path, md_path, plot_path, cache_dir, no_progress, from_json, **ngram_kw):
     """Benchmark llamaspec against native llama.cpp and llama-cpp-python on the same models and settings.
@@ -182,7 +185,8 @@ def bench(quick, server_mode, clients, sweep, server_variants, n_parallel, pair,
             n_parallel = n_parallel if given("n_parallel") else 16
         return _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients,
                             server_variants, n_parallel, engines, n_predict, repeats, ctx_size, batch_size, dev, seed, spec_draft_n_max,
-                            spec_draft_n_min, native_dir, json_path, md_path, plot_path)
+                            spec_draft_n_min, native_dir, json_path, md_path, plot_path,
+                            per_client=requests_per_client or (32 if quick else 0))
     prompts = load_prompts(prompts_file)
     if quick:
         prompts = quick_subset(prompts, limit or QUICK_PROMPTS, QUICK_CHARS)
@@ -212,7 +216,8 @@ def bench(quick, server_mode, clients, sweep, server_variants, n_parallel, pair,
 
 
 def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients, variants, n_parallel,
-                 engines, n_predict, repeats, ctx_size, batch_size, dev, seed, n_max, n_min, native_dir, json_path, md_path, plot_path=None):
+                 engines, n_predict, repeats, ctx_size, batch_size, dev, seed, n_max, n_min, native_dir, json_path, md_path, plot_path=None,
+                 per_client=0):
     """``--server``: llamaspec serve against llama-server (llamaspec/bench/server_mode.py)."""
     from importlib.util import find_spec
 
@@ -244,6 +249,7 @@ def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, p
             # --quick: one thread (tiny models; a busy machine makes llama.cpp's thread pool spin)
             threads=dev["n_threads"] or (1 if quick else 0), n_gpu_layers=dev["n_gpu_layers"] or 0,
             n_gpu_layers_draft=dev["n_gpu_layers_draft"], draft_n_max=n_max, draft_n_min=n_min, seed=seed, native_dir=native_dir,
+            requests_per_client=per_client,
             target_name=target_name, draft_name=draft_name, quick=quick,
             variants=tuple(parse_variants(variants, draft, n_max, n_min)) if variants else None,
             command="llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None)

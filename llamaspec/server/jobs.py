@@ -335,28 +335,40 @@ class GenerationResponse:
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         self.group.open()
-        try:
-            async with anyio.create_task_group() as tg:
-                async def watch() -> None:
-                    while True:
-                        msg = await receive()
-                        if msg["type"] == "http.disconnect":
-                            self.disconnected = True
-                            self.group.cancel()  # frees the slots at the next step
-                            tg.cancel_scope.cancel()
-                            return
+        body = asyncio.current_task()
+        running = True
 
-                tg.start_soon(watch)
+        async def watch() -> None:
+            while True:
                 try:
-                    if self.stream:
-                        await self._stream(send)
-                    else:
-                        await self._whole(send)
-                except OSError:  # the client went away while we were sending
+                    msg = await receive()
+                except Exception:  # noqa: BLE001 - the connection is broken: the body's send will say so
+                    return
+                if msg["type"] == "http.disconnect":
                     self.disconnected = True
-                finally:
-                    tg.cancel_scope.cancel()
+                    self.group.cancel()  # frees the slots at the next step
+                    if running and body is not None:
+                        body.cancel()
+                    return
+
+        # a plain asyncio task, not a task group: it is a tenth of the cost, and this runs once per request
+        watcher = asyncio.ensure_future(watch())
+        try:
+            if self.stream:
+                await self._stream(send)
+            else:
+                await self._whole(send)
+        except OSError:  # the client went away while we were sending
+            self.disconnected = True
+        except asyncio.CancelledError:
+            if not self.disconnected:  # cancelled from outside (shutdown): not ours to swallow
+                raise
+            uncancel = getattr(body, "uncancel", None)  # (3.11+) the task goes on as if never cancelled
+            if uncancel is not None:
+                uncancel()
         finally:
+            running = False
+            watcher.cancel()
             self.group.close()
             if self.disconnected:
                 log.info("client disconnected: request(s) %s cancelled", ", ".join(str(r.id) for r in self.group.reqs))
