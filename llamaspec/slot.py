@@ -93,9 +93,8 @@ class GenerationStats:
         add_per_position(self.n_accepted_per_pos, [1] * n_accepted)
 
     def merge(self, other: "GenerationStats") -> None:
-        for f in fields(self):
-            if f.type in ("int", "float"):
-                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        for name in _NUMERIC_FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         for k, v in other.n_accepted_by_type.items():
             self.n_accepted_by_type[k] = self.n_accepted_by_type.get(k, 0) + v
         add_per_position(self.n_accepted_per_pos, other.n_accepted_per_pos)
@@ -123,6 +122,10 @@ class GenerationStats:
             "n_trims": self.n_trims,
             "n_draft_skipped": self.n_draft_skipped,
         }
+
+
+#: the int and float fields of GenerationStats (what ``merge`` adds up)
+_NUMERIC_FIELDS = tuple(f.name for f in fields(GenerationStats) if f.type in ("int", "float"))
 
 
 @dataclass
