@@ -101,14 +101,28 @@ async def _body(request: HttpRequest) -> Body:
     return b
 
 
-#: bodies up to this size, without a field that builds a grammar, are tokenised and submitted on the event
-#: loop: tens of microseconds of native work, against ~0.3 ms for the hop to a worker thread and back
+#: a body up to this size, asking for at most INLINE_REQUESTS generations and no grammar, is tokenised and
+#: submitted on the event loop: tens of microseconds of native work, against ~0.3 ms for the hop to a
+#: worker thread and back
 INLINE_BODY = 8192
+INLINE_REQUESTS = 4
 _GRAMMAR_FIELDS = ("grammar", "json_schema", "response_format", "tools", "tool_choice")
 
 
 def _inline(b: Body) -> bool:
-    return b.size <= INLINE_BODY and not any(b.data.get(k) is not None for k in _GRAMMAR_FIELDS)
+    """Whether the request is cheap to submit on the event loop (see INLINE_BODY).
+
+    >>> _inline(Body({"prompt": "hi", "n": 2}, size=30)), _inline(Body({"prompt": ["a"] * 5}, size=30))
+    (True, False)
+    >>> _inline(Body({"prompt": "hi", "grammar": "root ::= x"}, size=40)), _inline(Body({"prompt": "hi"}, size=9000))
+    (False, False)
+    """
+    if b.size > INLINE_BODY or any(b.data.get(k) is not None for k in _GRAMMAR_FIELDS):
+        return False
+    prompt = b.data.get("prompt")
+    n = b.data.get("n", b.data.get("n_cmpl", 1))
+    n_prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    return isinstance(n, int) and n_prompts * n <= INLINE_REQUESTS
 
 
 async def _generation(state: ServerState, b: Body, prompts,
