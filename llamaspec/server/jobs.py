@@ -3,11 +3,12 @@ the client.
 
 The engine runs in its own thread (``Engine.start()``). One :class:`Dispatcher` thread moves the chunks of
 every engine request to the event loop (``loop.call_soon_threadsafe``): it waits for the engine's steps
-(``Engine.wait``), takes the chunks of every request that has output, and runs the cancels, so nothing
-native happens on the event loop and no thread is made per request. Tokenising, templating and submitting
-run in a small pool of worker threads (:func:`in_worker`). :class:`GenerationResponse` is the ASGI response
-of ``/completion``, ``/v1/completions`` and ``/v1/chat/completions``: while it waits for chunks it also
-waits for the client's ``http.disconnect``; a client that goes away (before the prompt is processed, while
+(``Engine.wait``), takes the chunks of every request that has output, and runs the cancels, so no wait on
+the engine happens on the event loop and no thread is made per request. Tokenising, templating and
+submitting run in a small pool of worker threads (:func:`in_worker`), or on the event loop for a small
+request (``routes._inline``: tens of microseconds). :class:`GenerationResponse` is the ASGI response of
+``/completion``, ``/v1/completions`` and ``/v1/chat/completions``: while it waits for chunks it also waits
+for the client's ``http.disconnect``; a client that goes away (before the prompt is processed, while
 it is, or mid-stream) cancels its engine requests, which frees their slots at the next step.
 
 Streams are llama-server's: nothing is sent until the first chunk, so an error before it is a plain HTTP

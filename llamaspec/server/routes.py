@@ -51,7 +51,8 @@ def _submit_kwargs(eng: "Engine", gen: GenParams) -> dict:
 
 def submit(state: ServerState, prompts: list[list[int]], gen: GenParams) -> JobGroup:
     """Queue one engine request per prompt (times ``n``); 400 / 503 before anything runs when one cannot
-    (a worker thread runs it: ``Engine.submit`` builds samplers and may admit)."""
+    (a worker thread runs it, or the event loop for a small request: ``Engine.submit`` builds samplers and may
+    admit)."""
     eng = state.need_engine()
     state.check_accepting()
     check_generations(len(prompts), gen.n_cmpl, state.config.limits)
@@ -127,8 +128,9 @@ def _inline(b: Body) -> bool:
 
 async def _generation(state: ServerState, b: Body, prompts,
                       tools: ToolSpec | None = None) -> tuple[GenParams, JobGroup]:
-    """Parse, tokenise (``prompts(b, gen)``: the token lists) and submit in a worker thread; ``tools``: the chat
-    request's (a forced ``tool_choice`` constrains the output with their grammar)."""
+    """Parse, tokenise (``prompts(b, gen)``: the token lists) and submit, in a worker thread unless the request
+    is small (:func:`_inline`); ``tools``: the chat request's (a forced ``tool_choice`` constrains the output
+    with their grammar)."""
     eng = state.need_engine()
 
     def work() -> tuple[GenParams, JobGroup]:
