@@ -143,7 +143,6 @@ class HttpServer:
     def connect(self) -> "KeepAlive":
         return KeepAlive(self.port)
 
-
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()

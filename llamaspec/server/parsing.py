@@ -69,9 +69,9 @@ def _show(v: Any) -> str:
 class Body:
     """Typed access to a request's JSON object (``null`` = absent)."""
 
-    def __init__(self, data: dict, size: int = 0):
+    def __init__(self, data: dict, size: int | None = None):
         self.data = data
-        self.size = size  # bytes of the JSON it was read from (0: not read from a request)
+        self.size = size  # bytes of the JSON it was read from (None: unknown)
 
     def get(self, name: str, *, aliases: Sequence[str] = ()) -> tuple[str, Any]:
         """``(field name used, value)`` of the first of ``name, *aliases`` that is present, else ``(name, None)``."""

@@ -118,7 +118,7 @@ def _inline(b: Body) -> bool:
     >>> _inline(Body({"prompt": "hi", "grammar": "root ::= x"}, size=40)), _inline(Body({"prompt": "hi"}, size=9000))
     (False, False)
     """
-    if b.size > INLINE_BODY or any(b.data.get(k) is not None for k in _GRAMMAR_FIELDS):
+    if b.size is None or b.size > INLINE_BODY or any(b.data.get(k) is not None for k in _GRAMMAR_FIELDS):
         return False
     prompt = b.data.get("prompt")
     n = b.data.get("n", b.data.get("n_cmpl", 1))
