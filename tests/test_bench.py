@@ -499,3 +499,54 @@ def test_bench_server_quick(tmp_path):
     assert r.exit_code == 2 and "ls:nope" in r.output and "ls:defaults" in r.output
     r = _invoke(["--quick", "--server-variants", "ls:plain"])
     assert r.exit_code == 2 and "--server" in r.output
+
+
+def test_keep_alive_client_reconnects_and_reports_errors():
+    """``bench --server``'s client: one connection for many requests, a new one when the server dropped the
+    idle connection (or said ``Connection: close``), and an HTTP error as a LlamaSpecError."""
+    import http.server
+    import threading
+
+    from llamaspec.bench.server_mode import KeepAlive
+    from llamaspec.errors import LlamaSpecError
+
+    seen: list[tuple[int, str]] = []  # (client port, path) per request
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append((self.client_address[1], self.path))
+            status, data = (500, b"boom") if self.path == "/fail" else (200, json.dumps({"n": len(seen)}).encode())
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            if self.path == "/close":
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+            if self.path == "/drop":  # goes away without saying so: the next request finds the socket closed
+                self.close_connection = True
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        c = KeepAlive(srv.server_address[1], timeout=10)
+        assert c.post_json("/a", {}, "s") == {"n": 1}
+        assert c.post_json("/a", {}, "s") == {"n": 2}
+        assert seen[0][0] == seen[1][0]  # the same connection
+        c.post_json("/drop", {}, "s")
+        assert c.post_json("/a", {}, "s") == {"n": 4}  # retried once on a new connection
+        c.post_json("/close", {}, "s")
+        assert c.conn is None  # closed as the server asked
+        assert c.post_json("/a", {}, "s") == {"n": 6}
+        assert len({p for p, _ in seen}) == 3
+        with pytest.raises(LlamaSpecError, match="s: HTTP 500"):
+            c.post_json("/fail", {}, "s")
+        c.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
