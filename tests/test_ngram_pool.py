@@ -136,7 +136,7 @@ def test_pool_counts_apart_from_own():
     got = _draft(d, 0, [62, 63, 0, 1, 2, 3, 4, 5], 6, n_seq=1)
     assert got[:3] == [7, 8, 9] and d.pool.cur[0].last_uid > 0
     d.accept(0, 0, False)                                 # a pool draft that failed
-    assert sum(st.p1_n) == 0 and sum(d.pool.cur[0].p1_n) == 1.0   # the own counts are untouched
+    assert sum(st.counts.p1_n) == 0 and sum(d.pool.cur[0].counts.p1_n) == 1.0   # the own counts are untouched
 
 
 def test_pool_off():

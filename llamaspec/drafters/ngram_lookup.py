@@ -51,7 +51,7 @@ from ..adaptive import CostModel, Explorer, default_verify_cost
 from ..params import NgramLookupParams
 from .base import DraftParams, Drafter
 from .ngram_pool import PoolDrafting, SharedPool
-from .ngram_rates import Calibration, shared_cost_table
+from .ngram_rates import PRIOR_DECAY, PRIOR_WEIGHT, BucketRates, Calibration, shared_cost_table
 
 __all__ = ["NgramLookup", "NgramLookupParams", "best_length", "best_length_table", "expected_len", "lookup_draft", "default_verify_cost"]
 
@@ -164,14 +164,13 @@ def lookup_draft(seq: Sequence[int], key_max: int, n: int) -> list[int]:
 class _Slot:
     """One sequence's history, its n-gram index and its acceptance counts."""
 
-    __slots__ = ("toks", "idx", "p1_n", "p1_a", "q_n", "q_a", "last_bucket", "last_k", "explorer", "k_lim", "miss", "cal")
+    __slots__ = ("toks", "idx", "counts", "last_bucket", "last_k", "explorer", "k_lim", "miss", "cal")
 
     def __init__(self, key_max: int, k_lim: int = 0, explore_every: int = 8):
         self.toks: list[int] = []
         self.idx: list[dict[int, int]] = [dict() for _ in range(key_max)]
         nb = len(BUCKETS)
-        self.p1_n, self.p1_a = [0.0] * nb, [0.0] * nb
-        self.q_n, self.q_a = [0.0] * nb, [0.0] * nb
+        self.counts = BucketRates(nb)  # its own copies' acceptance per bucket
         self.last_bucket = -1
         self.last_k = 0
         #: after ``explore_every`` rounds not paying, a short draft; one that finds nothing looks less often
@@ -263,20 +262,10 @@ class _Slot:
         return out[:k]
 
     # -- acceptance counts ------------------------------------------------------------------------
-    def rates(self, b: int, prior_p1: list[float], prior_q: list[float], w: float) -> tuple[float, float]:
-        """Bucket ``b``'s ``(p1, q)``: its counts shrunk toward the prior as the slot's calibration moves it."""
-        pp, pq = self.cal.prior(prior_p1[b], prior_q[b])
-        p1 = (self.p1_a[b] + w * pp) / (self.p1_n[b] + w)
-        q = (self.q_a[b] + w * pq) / (self.q_n[b] + w)
-        return p1, q
-
-    def update(self, b: int, k: int, n_acc: int, decay: float) -> None:
-        self.p1_n[b] = self.p1_n[b] * decay + 1.0
-        self.p1_a[b] = self.p1_a[b] * decay + (1.0 if n_acc > 0 else 0.0)
-        if n_acc > 0 and k > 1:
-            tried = min(k, n_acc + 1) - 1
-            self.q_n[b] = self.q_n[b] * decay + tried
-            self.q_a[b] = self.q_a[b] * decay + (n_acc - 1)
+    def rates(self, b: int, prior: tuple[float, float], w: float) -> tuple[float, float]:
+        """Bucket ``b``'s ``(p1, q)``: its counts shrunk toward the bucket's drafter-wide ``prior`` as the slot's
+        calibration moves it."""
+        return self.counts.shrunk(b, self.cal.prior(*prior), w)
 
 
 class NgramLookup(Drafter):
@@ -306,9 +295,7 @@ class NgramLookup(Drafter):
         self.n_max = p.n_max
         self._slots = [_Slot(p.key_max, p.k_start, p.explore_every) for _ in range(n_seq)]
         #: drafter-wide acceptance (a prior for new requests): decayed counts per bucket
-        nb = len(BUCKETS)
-        self._g_p1 = [[PRIOR_P1[b] * 4, 4.0] for b in range(nb)]
-        self._g_q = [[PRIOR_Q[b] * 4, 4.0] for b in range(nb)]
+        self._prior = BucketRates(len(BUCKETS), PRIOR_P1, PRIOR_Q, PRIOR_WEIGHT)
         #: v(k) relative to a one-row decode (:meth:`use_cost_model` hands a measured one over)
         self.verify_cost: Callable[[int], float] = default_verify_cost
         #: per slot, the tokens per unit cost a draft must beat (auto: the draft model's measured gain)
@@ -368,12 +355,8 @@ class NgramLookup(Drafter):
         for st in self._slots:
             st.k_lim = k
 
-    def _priors(self) -> tuple[list[float], list[float]]:
-        return ([a / n for a, n in self._g_p1], [a / n for a, n in self._g_q])
-
     def draft(self, params: Sequence[DraftParams]) -> None:
         p = self.params
-        priors = None
         n_slots = sum(1 for dp in params if dp.drafting)  # the slots whose rows share this round's decode
         for seq_id, dp in enumerate(params):
             if not dp.drafting:
@@ -395,8 +378,6 @@ class NgramLookup(Drafter):
                 continue
             b = _bucket(m)
             if p.adaptive:
-                if priors is None:
-                    priors = self._priors()
                 k = 0
                 if hit is not None:  # the pool matches longer: its own counts decide
                     bp = _bucket(hit[2])
@@ -404,7 +385,7 @@ class NgramLookup(Drafter):
                     k = best_length_table(p1, q, self._cost_table(n_slots), k_cap, floor=self.gain_floor(seq_id))
                     hit, b = (hit, bp) if k > 0 or e < 0 else (None, b)
                 if hit is None:
-                    p1, q = st.rates(b, priors[0], priors[1], p.prior_weight)
+                    p1, q = st.rates(b, self._prior.mean(b), p.prior_weight)
                     k = best_length_table(p1, q, self._cost_table(n_slots), k_cap, floor=self.gain_floor(seq_id))
                     if st.miss[b] >= MISS_STREAK:
                         k = min(k, MISS_CAP)
@@ -431,8 +412,8 @@ class NgramLookup(Drafter):
         if is_other or b < 0 or k <= 0:
             return
         if not from_pool:
-            st.cal.update(k, n_accepted, self._g_p1[b][0] / self._g_p1[b][1], self._g_q[b][0] / self._g_q[b][1], p.decay)
-            st.update(b, k, n_accepted, self.params.decay)
+            st.cal.update(k, n_accepted, *self._prior.mean(b), p.decay)
+            st.counts.observe(b, k, n_accepted, self.params.decay)
             st.miss[b] = st.miss[b] + 1 if n_accepted == 0 else 0
         if st.k_lim > 0:
             if n_accepted >= k and k >= st.k_lim:
@@ -442,9 +423,4 @@ class NgramLookup(Drafter):
         st.explorer.result(n_accepted)
         if from_pool:
             return
-        g = 0.98  # the drafter-wide prior follows every slot slowly
-        gp = self._g_p1[b]
-        gp[0], gp[1] = gp[0] * g + (1.0 if n_accepted > 0 else 0.0), gp[1] * g + 1.0
-        if n_accepted > 0 and k > 1:
-            gq = self._g_q[b]
-            gq[0], gq[1] = gq[0] * g + (n_accepted - 1), gq[1] * g + (min(k, n_accepted + 1) - 1)
+        self._prior.observe(b, k, n_accepted, PRIOR_DECAY)  # the drafter-wide prior follows every slot slowly

@@ -42,7 +42,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .ngram_rates import Calibration
+from .ngram_rates import PRIOR_DECAY, PRIOR_WEIGHT, BucketRates, Calibration
 
 __all__ = ["SharedPool", "PoolDrafting", "POOL_KEYS", "owner_salt"]
 
@@ -249,11 +249,11 @@ class SharedPool:
 class _Cursor:
     """One slot's place in the pool: its live sequence, what of its history is in it, its counts."""
 
-    __slots__ = ("uid", "ref", "n", "owner", "p1_n", "p1_a", "q_n", "q_a", "last_uid", "cal")
+    __slots__ = ("uid", "ref", "n", "owner", "counts", "last_uid", "cal")
 
     def __init__(self, nb: int, owner: str = ""):
         self.uid, self.ref, self.n, self.owner = -1, None, 0, owner
-        self.p1_n, self.p1_a, self.q_n, self.q_a = [0.0] * nb, [0.0] * nb, [0.0] * nb, [0.0] * nb
+        self.counts = BucketRates(nb)  # the acceptance of its pool drafts per bucket
         self.last_uid = -1
         self.cal = Calibration()
 
@@ -266,9 +266,8 @@ class PoolDrafting:
         self.pool = pool
         self.nb = len(prior_p1)
         self.cur = [_Cursor(self.nb) for _ in range(n_seq)]
-        self._g_p1 = [[p * 4, 4.0] for p in prior_p1]
-        self._g_q = [[q * 4, 4.0] for q in prior_q]
-        self._g0 = ([list(x) for x in self._g_p1], [list(x) for x in self._g_q])
+        self._prior0 = (list(prior_p1), list(prior_q))
+        self._prior = BucketRates(self.nb, *self._prior0, PRIOR_WEIGHT)
         #: draft rounds from the pool, and the pool-drafted tokens accepted
         self.n_drafts = 0
         self.n_accepted = 0
@@ -281,7 +280,7 @@ class PoolDrafting:
         prompts never seen: ``llamaspec bench`` clears it before each run)."""
         self.pool.clear()
         self.cur = [_Cursor(self.nb, c.owner) for c in self.cur]
-        self._g_p1, self._g_q = [list(x) for x in self._g0[0]], [list(x) for x in self._g0[1]]
+        self._prior = BucketRates(self.nb, *self._prior0, PRIOR_WEIGHT)
 
     def begin(self, seq_id: int, toks: list[int]) -> None:
         """A new request on the slot: the last one's sequence is finished, the new one is live; the counts
@@ -317,9 +316,7 @@ class PoolDrafting:
 
     def rates(self, seq_id: int, b: int, w: float) -> tuple[float, float]:
         c = self.cur[seq_id]
-        g1, gq = self._g_p1[b], self._g_q[b]
-        pp, pq = c.cal.prior(g1[0] / g1[1], gq[0] / gq[1])
-        return (c.p1_a[b] + w * pp) / (c.p1_n[b] + w), (c.q_a[b] + w * pq) / (c.q_n[b] + w)
+        return c.counts.shrunk(b, c.cal.prior(*self._prior.mean(b)), w)
 
     def copy(self, seq_id: int, hit, k: int) -> list[int]:
         """The draft from ``hit`` (``lookup``'s answer); remembers it for :meth:`accept`."""
@@ -338,17 +335,7 @@ class PoolDrafting:
         self.n_accepted += n_acc
         if n_acc > 0:
             self.pool.touch(uid)
-        c.cal.update(k, n_acc, self._g_p1[b][0] / self._g_p1[b][1], self._g_q[b][0] / self._g_q[b][1], decay)
-        c.p1_n[b] = c.p1_n[b] * decay + 1.0
-        c.p1_a[b] = c.p1_a[b] * decay + (1.0 if n_acc > 0 else 0.0)
-        tried = min(k, n_acc + 1) - 1
-        if n_acc > 0 and k > 1:
-            c.q_n[b] = c.q_n[b] * decay + tried
-            c.q_a[b] = c.q_a[b] * decay + (n_acc - 1)
-        g = 0.98
-        gp = self._g_p1[b]
-        gp[0], gp[1] = gp[0] * g + (1.0 if n_acc > 0 else 0.0), gp[1] * g + 1.0
-        if n_acc > 0 and k > 1:
-            gq = self._g_q[b]
-            gq[0], gq[1] = gq[0] * g + (n_acc - 1), gq[1] * g + tried
+        c.cal.update(k, n_acc, *self._prior.mean(b), decay)
+        c.counts.observe(b, k, n_acc, decay)
+        self._prior.observe(b, k, n_acc, PRIOR_DECAY)
         return True

@@ -42,12 +42,53 @@ from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["Calibration", "shared_cost_table", "CALIB_PSEUDO", "CALIB_MAX"]
+__all__ = ["BucketRates", "Calibration", "shared_cost_table", "CALIB_PSEUDO", "CALIB_MAX", "PRIOR_WEIGHT",
+           "PRIOR_DECAY"]
 
+#: a drafter-wide prior starts as this many drafts at its initial rates, and follows every slot's drafts with
+#: this decay per draft (slowly)
+PRIOR_WEIGHT = 4.0
+PRIOR_DECAY = 0.98
 #: pseudo-count of each of the odds ratio's four sums (a new slot's ratio is 1)
 CALIB_PSEUDO = 1.0
 #: the most a slot's odds ratio raises the prior (a slot that copies better than the average one)
 CALIB_MAX = 1.5
+
+
+class BucketRates:
+    """Decayed acceptance counts per match-length bucket: of first drafted tokens (``p1_a`` accepted of
+    ``p1_n`` tried) and of later ones (``q_a`` of ``q_n``). A slot's own copies, its pool drafts and the
+    drafter-wide priors (those start at ``weight`` drafts of the rates ``p1`` and ``q``) each keep one.
+
+    >>> r = BucketRates(2, p1=[0.5, 0.8], q=[0.9, 0.9], weight=4.0)
+    >>> r.observe(1, k=4, n_acc=2, decay=0.98); [round(x, 3) for x in r.mean(1)]
+    [0.841, 0.765]
+    >>> [round(x, 3) for x in BucketRates(2).shrunk(0, (0.5, 0.9), w=2.0)]   # no counts: the prior
+    [0.5, 0.9]
+    """
+
+    __slots__ = ("p1_n", "p1_a", "q_n", "q_a")
+
+    def __init__(self, nb: int, p1: "list[float] | None" = None, q: "list[float] | None" = None, weight: float = 0.0):
+        self.p1_n, self.q_n = [weight] * nb, [weight] * nb
+        self.p1_a = [x * weight for x in p1] if p1 is not None else [0.0] * nb
+        self.q_a = [x * weight for x in q] if q is not None else [0.0] * nb
+
+    def observe(self, b: int, k: int, n_acc: int, decay: float) -> None:
+        """A verified draft of ``k`` tokens in bucket ``b``, ``n_acc`` accepted."""
+        self.p1_n[b] = self.p1_n[b] * decay + 1.0
+        self.p1_a[b] = self.p1_a[b] * decay + (1.0 if n_acc > 0 else 0.0)
+        if n_acc > 0 and k > 1:
+            self.q_n[b] = self.q_n[b] * decay + (min(k, n_acc + 1) - 1)
+            self.q_a[b] = self.q_a[b] * decay + (n_acc - 1)
+
+    def mean(self, b: int) -> tuple[float, float]:
+        """Bucket ``b``'s ``(p1, q)`` from the counts alone (a prior's: they never reach zero)."""
+        return self.p1_a[b] / self.p1_n[b], self.q_a[b] / self.q_n[b]
+
+    def shrunk(self, b: int, prior: tuple[float, float], w: float) -> tuple[float, float]:
+        """Bucket ``b``'s ``(p1, q)``: the counts shrunk toward ``prior`` with weight ``w``."""
+        return (self.p1_a[b] + w * prior[0]) / (self.p1_n[b] + w), (self.q_a[b] + w * prior[1]) / (self.q_n[b] + w)
 
 
 def _shift(p: float, ratio: float) -> float:
