@@ -159,6 +159,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
         from llamaspec._llama.sampler import check_grammar
 
         check_grammar(sampling)  # before any model loads (too many alternatives: a UsageError naming the flag)
+        sampling.max_grammar_alternatives = 0  # counted: the engine's sampler would count them again
     if pair is None and not model and not spec_kw.get("draft_model") and not spec_kw.get("spec_type") \
             and not spec_kw.get("spec_default"):
         from llamaspec.models import load_registry
