@@ -85,3 +85,16 @@ def divergence_is_near_tie(target, prompt: list[int], a: list[int], b: list[int]
     gap, top = abs(float(lg[a[k]] - lg[b[k]])), float(lg.max())
     ok = gap <= tol and top - max(float(lg[a[k]]), float(lg[b[k]])) <= tol
     return ok, f"first difference at token {k}: {a[k]} vs {b[k]}, logit gap {gap:.5f}, top {top:.4f}"
+
+
+def tiny_draft_engine(tiny_model, n_max: int):
+    """The tiny llama with its draft at a fixed ``n_max`` (draft-simple, no adaptive length): 2 slots of 128
+    tokens, batches of 32, one thread (the servers under test in test_openapi.py and test_fuzz_server.py)."""
+    from llamaspec.engine import Engine
+    from llamaspec.params import SpecParams
+
+    sp = SpecParams()
+    sp.add_types("draft-simple")
+    sp.draft.n_max, sp.draft_adaptive = n_max, False
+    return Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=sp, n_ctx=256, n_parallel=2,
+                  n_batch=32, n_threads=1)

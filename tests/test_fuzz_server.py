@@ -30,8 +30,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from llamaspec.engine import Engine  # noqa: E402
-from llamaspec.params import SpecParams  # noqa: E402
+from helpers import tiny_draft_engine  # noqa: E402
 
 FUZZ_EXAMPLES = int(os.environ.get("LLAMASPEC_FUZZ_EXAMPLES", "60"))
 FIXED = "LLAMASPEC_FUZZ_EXAMPLES" not in os.environ
@@ -47,11 +46,7 @@ def app(tiny_model):
     from llamaspec.server.app import ServerConfig, ServerState, create_app
     from llamaspec.server.limits import Limits
 
-    sp = SpecParams()
-    sp.add_types("draft-simple")
-    sp.draft.n_max, sp.draft_adaptive = 4, False
-    eng = Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=sp, n_ctx=256, n_parallel=2, n_batch=32,
-                 n_threads=1)
+    eng = tiny_draft_engine(tiny_model, n_max=4)
     limits = Limits(max_request_generations=4, max_prompt_chars=4000, max_stop=4, max_stop_chars=16,
                     max_json_depth=16, max_body_size=1 << 16)
     state = ServerState(ServerConfig(chat_template="chatml", limits=limits), engine=eng)

@@ -16,6 +16,7 @@ from llamaspec.server.errors import ApiError  # noqa: E402
 from llamaspec.server.limits import Limits  # noqa: E402
 from llamaspec.server.parsing import Body, Defaults, parse_gen_params  # noqa: E402
 from llamaspec.server.state import ServerConfig, ServerState  # noqa: E402
+from helpers import tiny_draft_engine  # noqa: E402
 
 BOUNDS = {"n_ctx": 256, "n_max": 4}
 
@@ -83,14 +84,7 @@ def served(tiny_model):
     """The app on a tiny engine (2 slots, a draft of n_max 3), with an API key."""
     from starlette.testclient import TestClient
 
-    from llamaspec.engine import Engine
-    from llamaspec.params import SpecParams
-
-    sp = SpecParams()
-    sp.add_types("draft-simple")
-    sp.draft.n_max, sp.draft_adaptive = 3, False
-    eng = Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=sp, n_ctx=256, n_parallel=2, n_batch=32,
-                 n_threads=1)
+    eng = tiny_draft_engine(tiny_model, n_max=3)
     state = ServerState(ServerConfig(chat_template="chatml", api_keys=["k"]), engine=eng)
     with TestClient(_app(state)) as client:
         yield client, eng

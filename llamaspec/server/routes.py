@@ -95,11 +95,8 @@ async def _body(request: HttpRequest) -> Body:
     limits = _state(request).config.limits
     raw = await read_body(request, limits)  # 413 past --max-body-size
     if len(raw) > 65536:  # a large body is parsed off the event loop
-        b = Body(await in_worker(parse_json, raw, limits))
-    else:
-        b = Body(parse_json(raw, limits))
-    b.size = len(raw)
-    return b
+        return Body(await in_worker(parse_json, raw, limits), len(raw))
+    return Body(parse_json(raw, limits), len(raw))
 
 
 #: a body up to this size, asking for at most INLINE_REQUESTS generations and no grammar, is tokenised and
