@@ -34,6 +34,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
+from .._llama.grammar_limits import MAX_ALTERNATIVES
 from .errors import ApiError, invalid
 
 __all__ = ["Limits", "FLAGS", "Admission", "parse_json", "check_depth", "check_text", "check_generations", "check_chars",
@@ -51,8 +52,8 @@ class Limits:
     max_stop_chars: int = 1024
     max_json_depth: int = 64
     max_body_size: int = 8 << 20
-    #: alternatives a request's grammar may have open at once (llamaspec._llama.grammar_limits.MAX_ALTERNATIVES); 0 = no limit
-    max_grammar_alternatives: int = 512
+    #: alternatives a request's grammar may have open at once; 0 = no limit
+    max_grammar_alternatives: int = MAX_ALTERNATIVES
     #: seconds a SIGTERM waits for running requests before it ends them with an error event
     shutdown_timeout: float = 10.0
     #: seconds a client is told to wait when the queue is full
