@@ -13,10 +13,7 @@ parsing, submitting, rendering, plus the prompt).
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,27 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _start(cmd: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise SystemExit(f"{cmd[0]} exited at start-up: {' '.join(cmd)}")
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health")
-            r = c.getresponse()
-            r.read()
-            if r.status == 200:
-                return proc
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"{cmd[0]} did not become ready")
-
-
 def main(argv: list[str] | None = None) -> int:
-    from llamaspec.bench.native import find_tool, free_port
+    from llamaspec.bench.native import find_tool
+    from llamaspec.bench.server_mode import HttpServer
     from llamaspec.testing.tiny_models import write_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -61,42 +40,39 @@ def main(argv: list[str] | None = None) -> int:
     model = str(write_model("llama", Path(tmp.name) / "llama.gguf"))
     common = ["-m", model, "-c", "2048", "-b", "512", "-np", str(args.parallel), "--temp", "0", "--seed", "42",
               "-t", "1", "-tb", "1", "-ngl", "0", "--host", "127.0.0.1"]
-    ports = {"llamaspec serve": free_port(), "llama-server": free_port()}
-    cmds = {"llamaspec serve": [sys.executable, "-m", "llamaspec.cli.main", "serve", *common, "--spec-type", "none",
-                                "--port", str(ports["llamaspec serve"])],
-            "llama-server": [str(server), *common, "--no-webui", "--cache-ram", "0", "--port", str(ports["llama-server"])]}
-    procs = {k: _start(c, ports[k]) for k, c in cmds.items()}
+    servers = [
+        HttpServer("llamaspec serve", lambda port: [sys.executable, "-m", "llamaspec.cli.main", "serve", *common,
+                                                    "--spec-type", "none", "--port", str(port)], tmp.name),
+        HttpServer("llama-server", lambda port: [str(server), *common, "--no-webui", "--cache-ram", "0",
+                                                 "--port", str(port)], tmp.name)]
     try:
-        conns = {k: http.client.HTTPConnection("127.0.0.1", p) for k, p in ports.items()}
+        for srv in servers:
+            srv.start()
+        conns = {srv.label: srv.connect() for srv in servers}
         prompt = [(7 * i) % 60 + 3 for i in range(40)]
 
-        def call(k: str, n: int) -> float:
-            body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0, "top_k": 1, "seed": 42,
-                               "cache_prompt": False}).encode()
+        def call(srv: HttpServer, n: int) -> float:
             t = time.perf_counter()
-            conns[k].request("POST", "/completion", body, {"Content-Type": "application/json"})
-            r = conns[k].getresponse()
-            data = json.loads(r.read())
-            if r.status != 200 or data.get("tokens_predicted") != n:  # (the tiny model never stops early here)
-                raise SystemExit(f"{k}: unexpected answer {r.status}: {str(data)[:200]}")
-            return time.perf_counter() - t
+            data = srv.complete(prompt, n, 42, conns[srv.label])
+            dt = time.perf_counter() - t
+            if data.get("tokens_predicted") != n:  # (the tiny model never stops early here)
+                raise SystemExit(f"{srv.label}: {data.get('tokens_predicted')} tokens, not {n}")
+            return dt
 
-        times = {k: {1: [], 64: []} for k in ports}
-        names = list(ports)
-        for k in names:  # warm-up, not recorded
-            call(k, 64)
+        times = {srv.label: {1: [], 64: []} for srv in servers}
+        for srv in servers:  # warm-up, not recorded
+            call(srv, 64)
         for rep in range(args.reps):
-            for k in (names if rep % 2 == 0 else names[::-1]):
+            for srv in (servers if rep % 2 == 0 else servers[::-1]):
                 for n in (1, 64):
-                    times[k][n].append(call(k, n))
-        for k, t in times.items():
+                    times[srv.label][n].append(call(srv, n))
+        for label, t in times.items():
             one, many = statistics.median(t[1]) * 1e3, statistics.median(t[64]) * 1e3
-            print(f"{k:16s} 1 token {one:.3f} ms, 64 tokens {many:.3f} ms, per token {(many - one) / 63 * 1e3:.1f} us, "
+            print(f"{label:16s} 1 token {one:.3f} ms, 64 tokens {many:.3f} ms, per token {(many - one) / 63 * 1e3:.1f} us, "
                   f"64-token tokens/s {64e3 / many:.0f}")
     finally:
-        for p in procs.values():
-            p.terminate()
-            p.wait(timeout=20)
+        for srv in servers:
+            srv.stop()
         tmp.cleanup()
     return 0
 
