@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Emitter"]
 
 _GENERATING = SlotState.GENERATING  # read per emit: a global is cheaper than the Enum member lookup
+_now = time.perf_counter
 
 
 class Emitter:
@@ -60,15 +61,15 @@ class Emitter:
             if n_predict == len(generated):  # (never for n_predict < 0)
                 slot.finish_reason, slot.stop_type = FinishReason.LENGTH, "limit"
                 break
-        if slot.finish_reason is None and slot.n_past >= self.n_ctx_seq - 1 and not self.ctx_shift:
+        if slot.finish_reason is None and len(slot.tokens) >= self.n_ctx_seq - 1 and not self.ctx_shift:
             # no room left to decode the sampled token
             slot.finish_reason, slot.stop_type, slot.truncated = FinishReason.LENGTH, "limit", True
-        slot.sampled = tokens[-1] if slot.finish_reason is None else None
-        slot.stats.n_predicted = len(slot.generated)
-        now = time.perf_counter()
-        if slot.state is _GENERATING and slot.stats.t_prompt_s > 0:
-            slot.stats.t_decode_s = now - slot.t_start
         finished = slot.finish_reason is not None
+        slot.sampled = None if finished else tokens[-1]
+        stats = slot.stats
+        stats.n_predicted = len(generated)
+        if slot.state is _GENERATING and stats.t_prompt_s > 0:
+            stats.t_decode_s = _now() - slot.t_start
         if finished:
             tail = stream.flush()
             text += tail

@@ -116,6 +116,27 @@ class Round:
         if self.chain is not None and not self.chain.process(rows):
             raise LlamaSpecError("a drafter failed to process the target batch (see the log)")
 
+    @staticmethod
+    def _plain(group: list[Slot]) -> bool:
+        """Every slot of ``group`` decodes its sampled token and nothing else (no prompt chunk, no draft)."""
+        for s in group:
+            if s.spec_draft or s.state is not _GENERATING:
+                return False
+        return True
+
+    def _decode_plain(self, group: list[Slot]) -> None:
+        """:meth:`_decode` of a :meth:`_plain` group of an engine without drafters (plain decoding's hot loop):
+        the same decode, timing and counts, without building rows."""
+        t0 = time.perf_counter()
+        self.ctx.decode_next([s.sampled for s in group], [len(s.tokens) for s in group], [s.seq_id for s in group])
+        for i, s in enumerate(group):
+            s.spec_i_batch = [i]
+        if self.cost_model is not None:
+            self.ctx.wait_for_outputs()
+            self.cost_model.add_decode(len(group), (time.perf_counter() - t0) * 1e3)
+        self.counters.n_decode += 1
+        self.counters.n_busy_slots += len(group)
+
     def _prompt_chunk_done(self, s: Slot) -> None:
         s.n_prompt_done += s.n_prompt_chunk
         if s.report_progress:
@@ -335,7 +356,10 @@ class Round:
         before the next decode. When the decode fails, each slot's memory is put back to its committed
         tokens and its rows are decoded alone; a slot whose rows fail again fails."""
         try:
-            self._decode(self._rows(group))
+            if self.chain is None and self._plain(group):
+                self._decode_plain(group)
+            else:
+                self._decode(self._rows(group))
         except Exception as e:  # noqa: BLE001 - find the slot it belongs to
             if len(group) == 1:
                 self._fail(group[0], e)
@@ -370,6 +394,12 @@ class Round:
         """§7.5 verification and acceptance of one slot; a round restored for a replay emits nothing."""
         draft, rows, is_replay = s.spec_draft, s.spec_i_batch, s.spec_is_replay
         s.spec_i_batch = []
+        if not draft and s.probs is None:  # one row, one pick: nothing to roll back, count or compute
+            accepted = s.verifier.verify(rows, draft)
+            s.tokens.append(s.sampled)
+            s.spec_probs = None
+            self._emit(s, accepted, 0)
+            return
         # 2. verify (or replay the decisions of a restored round)
         rp = RoundProbs(s.probs, s.sampler) if s.probs is not None else None  # before the sampler moves
         if is_replay:

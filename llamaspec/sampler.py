@@ -67,9 +67,17 @@ class TargetSampler:
                 if self.grammar is not None:
                     self.grammar.close()
                 raise
-        self._cand = llama.Candidates(vocab.n_tokens)
+        self._cand_buf: "llama.Candidates | None" = None
         self._has_history = bool(params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty
                                  or params.dry_multiplier)
+
+    @property
+    def _cand(self) -> "llama.Candidates":
+        """The candidates array over the vocabulary, made on first use: plain sampling never needs it (for a
+        262k-token vocabulary it is 3 MB, per request)."""
+        if self._cand_buf is None:
+            self._cand_buf = llama.Candidates(self.vocab.n_tokens)
+        return self._cand_buf
 
     # -- sampling -----------------------------------------------------------------------------------
     def sample_no_accept(self, ctx: "llama.Context", idx: int) -> int:

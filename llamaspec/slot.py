@@ -143,7 +143,7 @@ class GenerationResult:
     token_probs: "list[TokenProb] | None" = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Chunk:
     """What one slot emitted in one round: new tokens and the text that became final.
 

@@ -193,9 +193,15 @@ def test_a_failing_decode_fails_one_slot(tiny_model, lone, monkeypatch, sticky):
                     raise DecodeError("injected decode failure")
             return real(self, rows, **kw)
 
+        def decode_next(self, tokens, pos, seq):  # plain rounds' decode: the same failures
+            return decode(self, [L.Row(t, p, q, True) for t, p, q in zip(tokens, pos, seq)])
+
+        real_next = L.Context.decode_next
         monkeypatch.setattr(L.Context, "decode", decode)
+        monkeypatch.setattr(L.Context, "decode_next", decode_next)
         res = e.generate_many(PROMPTS[:2], n_predict=N)
         monkeypatch.setattr(L.Context, "decode", real)
+        monkeypatch.setattr(L.Context, "decode_next", real_next)
         assert e.ctx.memory.pos_max(0) == -1 and e.ctx.memory.pos_max(1) == -1
     assert res[1].tokens == lone("llama", 1)
     if sticky:

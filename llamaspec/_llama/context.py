@@ -200,6 +200,8 @@ class Context(_Owned):
         self._mem = native.llama_get_memory(ptr)
         self.memory = Memory(self) if self._mem else None
         self.n_decodes = 0
+        #: samplers run inside the decode (``extra["samplers"]``): a row may have a sampled token, not logits
+        self.has_backend_samplers = bool(p.extra.get("samplers"))
 
     # -- decode ---------------------------------------------------------------------------------
     def check_outputs(self, n_outputs: int) -> None:
@@ -229,7 +231,7 @@ class Context(_Owned):
             if r.output:
                 n_out += 1
         self.check_outputs(n_out)
-        if self.n_outputs_max_per_seq < n_out and self.params.extra.get("samplers"):  # (the cheap test first)
+        if self.n_outputs_max_per_seq < n_out and self.has_backend_samplers:  # (the cheap test first)
             per: dict[int, int] = {}
             for r in rows:
                 if r.output:
@@ -272,6 +274,23 @@ class Context(_Owned):
         else:
             rc = native.llama_process(ptr, kind, b)
         self._decoded(rc, n)
+
+    def decode_next(self, tokens: list[int], pos: list[int], seq: list[int]) -> None:
+        """:meth:`decode` of one output row per sequence (``tokens[i]`` at ``pos[i]`` of sequence ``seq[i]``,
+        the sequences distinct): a generation round without drafts, written straight into the token batch.
+        The same checks as :meth:`decode`; on RPC the rows go through :meth:`decode`."""
+        n = len(tokens)
+        if self._rpc or n == 0:
+            self.decode([Row(t, p, q, True) for t, p, q in zip(tokens, pos, seq)])
+            return
+        ptr = self.live_ptr()
+        if n > self.n_batch:
+            raise OutputLimitError(f"batch of {n} rows exceeds n_batch={self.n_batch}: raise the batch size (-b/--batch-size)")
+        self.check_outputs(n)  # (one output per sequence: never above n_outputs_max_per_seq)
+        code, bad = self._tokens.fill_outputs(tokens, pos, seq, self.n_vocab, self.n_seq_max)
+        if code:
+            raise DecodeError(self._add_error(code, Row(tokens[bad], pos[bad], seq[bad], True)), status=code)
+        self._decoded(self._tokens.decode(ptr), n)
 
     def _decoded(self, rc: int, n: int) -> None:
         self.n_decodes += 1

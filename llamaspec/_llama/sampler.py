@@ -208,11 +208,11 @@ class Sampler(_Owned):
         :class:`DecodeError` when the row has no logits (llama.cpp would abort); contexts with backend
         samplers (``extra["samplers"]``) may have a sampled token instead, so they are not checked.
         """
-        ptr = self.live_ptr()
+        ptr = self.ptr or self.live_ptr()  # (live_ptr raises: the sampler is closed)
         ctx_ptr = ctx.live_ptr()
-        if not ctx.params.extra.get("samplers"):
-            ctx.logits_ptr(idx)
-        return int(native.llama_sampler_sample(ptr, ctx_ptr, idx))
+        if not ctx.has_backend_samplers and not native.llama_get_logits_ith(ctx_ptr, idx):
+            ctx.logits_ptr(idx)  # raises DecodeError: the row has no logits
+        return native.llama_sampler_sample(ptr, ctx_ptr, idx)
 
     def accept(self, token: int) -> None:
         native.llama_sampler_accept(self.live_ptr(), token)

@@ -17,6 +17,9 @@ from llama_cpp import llama_cpp as native
 
 __all__ = ["TokenBatch"]
 
+#: up to this many rows the arrays are written item by item (numpy's slice assignment costs ~0.5 us each)
+_FEW = 4
+
 
 class TokenBatch:
     """Preallocated arrays for up to ``n_max`` token rows and the ``llama_batch`` that points at them."""
@@ -28,6 +31,8 @@ class TokenBatch:
         self.n_seq_id = np.ones(n_max, dtype=np.int32)
         self.seq = np.zeros(n_max, dtype=np.int32)
         self.logits = np.zeros(n_max, dtype=np.int8)
+        #: the same arrays as memoryviews: a few rows are written faster item by item than by numpy
+        self._mv = tuple(memoryview(a) for a in (self.token, self.pos, self.seq, self.logits))
         i32p = ctypes.POINTER(ctypes.c_int32)
         base = self.seq.ctypes.data
         self._seq_ptrs = (i32p * n_max)(*[ctypes.cast(base + 4 * i, i32p) for i in range(n_max)])
@@ -45,13 +50,26 @@ class TokenBatch:
         """Write ``rows`` (``.token``, ``.pos``, ``.seq_id``, ``.output``); returns ``(code, i)``: the first row
         ``i`` whose token is outside the vocabulary (code -2) or whose sequence is outside ``0..n_seq_max - 1``
         (code -3) (llama_batch_ext_add's codes), or ``(0, -1)``."""
-        n = len(rows)
-        tok = [r.token for r in rows]
-        seq = [r.seq_id for r in rows]
-        self.token[:n] = tok
-        self.pos[:n] = [r.pos for r in rows]
-        self.seq[:n] = seq
-        self.logits[:n] = [r.output for r in rows]
+        self.logits[:len(rows)] = [r.output for r in rows]
+        return self._write([r.token for r in rows], [r.pos for r in rows], [r.seq_id for r in rows], n_vocab,
+                           n_seq_max)
+
+    def fill_outputs(self, tokens: list[int], pos: list[int], seq: list[int], n_vocab: int,
+                     n_seq_max: int) -> tuple[int, int]:
+        """:meth:`fill` from columns, every row an output (a generation round without drafts)."""
+        self.logits[:len(tokens)] = 1
+        return self._write(tokens, pos, seq, n_vocab, n_seq_max)
+
+    def _write(self, tok: list[int], pos: list[int], seq: list[int], n_vocab: int, n_seq_max: int) -> tuple[int, int]:
+        n = len(tok)
+        if n <= _FEW:
+            m_tok, m_pos, m_seq, _ = self._mv
+            for i in range(n):
+                m_tok[i], m_pos[i], m_seq[i] = tok[i], pos[i], seq[i]
+        else:
+            self.token[:n] = tok
+            self.pos[:n] = pos
+            self.seq[:n] = seq
         self.batch.n_tokens = n
         # checked on the lists: for the few rows of a generation round far cheaper than numpy's comparisons
         if min(tok) < 0 or max(tok) >= n_vocab:
