@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
 
 from .errors import ContextOverflowError, LlamaSpecError, RequestError, UsageError
 from .logprobs import check_probs
@@ -30,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .slot import Slot
 
 __all__ = ["Driver", "Request", "RequestState"]
+
+log = logging.getLogger("llamaspec")
 
 
 class Driver(Protocol):
@@ -89,6 +92,8 @@ class RequestState(enum.Enum):
 
 
 _DONE = RequestState.DONE  # ``done`` is read often (every step, by every waiter): a global is cheaper
+#: guards every request's done callbacks (held for a list swap or an append: one lock for all is enough)
+_CALLBACKS_LOCK = threading.Lock()
 
 
 class Request:
@@ -130,6 +135,8 @@ class Request:
         self._chunks: deque[Chunk] = deque()
         self._cancel = False
         self._done = threading.Event()
+        #: what add_done_callback registered (None once the request is done and they ran)
+        self._callbacks: "list[Callable[[Request], None]] | None" = []
 
     def __repr__(self) -> str:
         return f"Request(id={self.id}, state={self.state.value}, tokens={len(self.tokens)})"
@@ -239,3 +246,19 @@ class Request:
         self.finish_reason = reason
         self.error = error
         self._done.set()
+        with _CALLBACKS_LOCK:
+            callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - a callback never stops the step that finished the request
+                log.exception("request %s: a done callback failed", self.id)
+
+    def add_done_callback(self, fn: "Callable[[Request], None]") -> None:
+        """Call ``fn(request)`` once the request is done: at once when it is, else from the thread that finishes
+        it (the engine's, inside a step: ``fn`` must be quick and must not wait on the engine)."""
+        with _CALLBACKS_LOCK:
+            if self._callbacks is not None:
+                self._callbacks.append(fn)
+                return
+        fn(self)
