@@ -1,7 +1,7 @@
 """One speculative round (spec §7.2-§7.5), step by step: :class:`Round`, composed by the Engine.
 
-It reads as the spec: §7.2 draft, §7.3 after the draft, §7.4 batch layout and decode, §7.5 verify, restore or
-accept, commit, emit. How far each slot drafts is the budget's (:mod:`llamaspec.policy`); memory operations
+It reads as the spec: §7.2 draft and §7.3 after the draft (:class:`~llamaspec.draft_phase.DraftPhase`), §7.4
+batch layout and decode, §7.5 verify, restore or accept, commit, emit. How far each slot drafts is the budget's (:mod:`llamaspec.policy`); memory operations
 belong to the rollback objects (:mod:`llamaspec.memory`), which say what they did and leave the counting and
 the sampler to the round; verification rules to the request's verifier (:mod:`llamaspec.verify`). A failure
 is confined to the slot it belongs to: a batched draft or decode that raises is retried slot by slot to find
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from . import _llama as llama
 from .ctx_shift import ContextShift
+from .draft_phase import DraftPhase
 from .emit import Emitter
 from .errors import LlamaSpecError, MemoryOpError
 from .logprobs import RoundProbs
@@ -71,6 +72,9 @@ class Round:
         self.cost_model = cost_model
         self.replay_accept_corrected = replay_accept_corrected
         self.emitter = Emitter(vocab, ctx.n_ctx_seq)
+        #: §7.2-§7.3 (llamaspec.draft_phase): None without drafters
+        self.drafting = (DraftPhase(chain, vocab, rollback_tgt, rollback_dft, budget, cost_model)
+                         if chain is not None else None)
         self.shift = ContextShift(rollback_tgt, rollback_dft, chain, self.emitter, getattr(vocab, "add_bos", False))
         self.counters = DecodeCounters()
         self.out = RoundOutcome()
@@ -82,12 +86,8 @@ class Round:
         did goes into ``out``."""
         self.out = out
         gen = self.shift.run(gen, self._fail)  # --context-shift: full slots drop old tokens first
-        if self.chain is not None and gen:
-            for s in self._draft(gen):
-                try:
-                    self._after_draft(s)
-                except Exception as e:  # noqa: BLE001 - confined to this slot
-                    self._fail(s, e)
+        if self.drafting is not None and gen:
+            self.drafting.run(gen, self._fail)
         live = [s for s in gen if s.state is _GENERATING]
         groups = self._batches(live)
         self._plan_prompts(groups, prompts)
@@ -207,96 +207,6 @@ class Round:
                 aborted.append(s)
             s.spec_ckpt.drop_sampler()
         return aborted
-
-    # -- §7.2 draft ----------------------------------------------------------------------------------
-    def _draft(self, gen: list[Slot]) -> list[Slot]:
-        """§7.2 drafting phase: one ``chain.draft()`` for every slot that may draft; replay rounds skip it.
-        When the chain raises, each slot drafts alone, and the slot whose draft raises fails."""
-        chain = self.chain
-        requested: list[Slot] = []
-        drafting: list[Slot] = []
-        for s in gen:
-            chain.stop_drafting(s.seq_id)
-            try:
-                if s.spec_draft:  # replay round: no new draft
-                    self.rollback_tgt.check_replay(s.seq_id, s.spec_ckpt)
-                    continue
-            except Exception as e:  # noqa: BLE001 - confined to this slot
-                self._fail(s, e)
-                continue
-            drafting.append(s)
-        for s, n_max, skipped in self.budget.lengths(drafting):
-            if skipped:
-                s.stats.n_draft_skipped += 1
-            if n_max <= 0:
-                continue
-            try:
-                self.rollback_tgt.mark(s.seq_id, s.n_past, s.spec_ckpt)
-                self.rollback_dft.before_draft(s.seq_id, s.spec_ckpt)
-            except Exception as e:  # noqa: BLE001 - confined to this slot
-                self._fail(s, e)
-                continue
-            req = s.spec_req
-            chain.request_draft(s.seq_id, n_max, s.n_past, s.sampled, s.tokens,
-                                req.n_min if req is not None else None, req.p_min if req is not None else None)
-            requested.append(s)
-        if not requested:
-            return requested
-        try:
-            t0 = time.perf_counter()
-            chain.draft()
-            if self.cost_model is not None:
-                lens = [len(chain.dparams[s.seq_id].result) for s in requested]
-                self.cost_model.add_draft(sum(lens), (time.perf_counter() - t0) * 1e3, n_seqs=len(requested),
-                                          n_steps=max(lens))
-            return requested
-        except Exception as e:  # noqa: BLE001 - find the slot it belongs to
-            if len(requested) == 1:
-                self._fail(requested[0], e)
-                return []
-            log.warning("drafting failed for %d slots together (%s); drafting each alone", len(requested), e)
-        return self._draft_each_alone(requested)
-
-    def _draft_each_alone(self, requested: list[Slot]) -> list[Slot]:
-        chain = self.chain
-        ok: list[Slot] = []
-        # what each slot asked for (the chain's reset clears its draft request)
-        lengths = [(s, chain.dparams[s.seq_id]) for s in requested]
-        lengths = [(s, dp.n_max, dp.n_min, dp.p_min) for s, dp in lengths]
-        for s, *_ in lengths:
-            chain.reset(s.seq_id)
-        for s, n_max, n_min, p_min in lengths:
-            chain.request_draft(s.seq_id, n_max, s.n_past, s.sampled, s.tokens, n_min, p_min)
-            try:
-                if not self.rollback_dft.recover(s.seq_id, s.n_past, s.spec_ckpt):  # drop the failed batch's rows
-                    raise MemoryOpError(f"slot {s.id}: the draft memory could not be restored after a failed draft")
-                chain.draft()
-                ok.append(s)
-            except Exception as e:  # noqa: BLE001 - confined to this slot
-                self._fail(s, e)
-        return ok
-
-    def _after_draft(self, s: Slot) -> None:
-        """§7.3 post-draft checkpointing: take the draft, roll the draft context back to the committed
-        tokens, checkpoint the target when this draft's rollback will need it."""
-        dp = self.chain.dparams[s.seq_id]
-        draft = list(dp.result)
-        n_vocab = self.vocab.n_tokens
-        bad = next((i for i, t in enumerate(draft) if not 0 <= t < n_vocab), None)
-        if bad is not None:  # a token the target cannot decode ends the draft
-            log.warning("slot %d: draft token %d is outside the target vocabulary; draft cut at %d",
-                        s.id, draft[bad], bad)
-            del draft[bad:]
-        s.spec_draft = draft
-        s.spec_probs = dp.probs[: len(draft)] if dp.probs is not None else None
-        s.stats.n_drafted += len(s.spec_draft)
-        self.rollback_dft.after_draft(s.seq_id, s.spec_ckpt)
-        t0 = time.perf_counter()
-        if self.rollback_tgt.checkpoint(s.seq_id, s.spec_ckpt, len(s.spec_draft)):
-            s.spec_ckpt.keep_sampler(s.sampler.clone())
-            s.stats.n_checkpoints += 1
-            if self.cost_model is not None:
-                self.cost_model.add_checkpoint((time.perf_counter() - t0) * 1e3)
 
     # -- §7.4 batch layout and decode ----------------------------------------------------------------
     def _batches(self, gen: list[Slot]) -> list[list[Slot]]:

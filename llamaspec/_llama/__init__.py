@@ -7,7 +7,8 @@ raises :class:`~llamaspec.errors.LlamaSpecError` instead of handing a NULL point
 
 * :mod:`.log` - backend start-up, llama.cpp's log lines routed into ``logging``
 * :mod:`.model` - :class:`Model`, :class:`Vocab` (and the lifetime rules between the wrappers)
-* :mod:`.context` - :class:`Context`, :class:`Row`, :class:`Memory`, :func:`output_limits`, :func:`chunks`
+* :mod:`.context` - :class:`Context`, :class:`Row`, :func:`output_limits`, :func:`chunks`; :mod:`.kv_memory` -
+  :class:`Memory` (a context's sequence operations); :mod:`.token_batch` - the hot loop's token batch
 * :mod:`.sampler` - :class:`SamplingParams`, :class:`Sampler`; :mod:`.sampler_chain` - llama.cpp's sampler order
 * :mod:`.staging` - the staging (``llama-ext.h``) symbols, bound by exported name
 * :mod:`.json_schema` - :func:`json_schema_to_grammar` (JSON schema -> GBNF, llama-cpp-python's converter)
@@ -30,13 +31,13 @@ from .context import (
     STATE_FLAGS_PARTIAL_ONLY,
     Context,
     ContextParams,
-    Memory,
     Row,
     chunks,
     default_threads,
     output_limits,
 )
 from .json_schema import json_schema_to_grammar
+from .kv_memory import Memory
 from .log import LLAMA_CPP_PYTHON_VERSION, backend_init, system_info
 from .model import TOKEN_NULL, Model, Vocab, render_builtin_chat_template
 from .sampler import DEFAULT_SEED, Candidates, Sampler, SamplingParams

@@ -202,6 +202,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+#: one decoder for every body (``json.loads`` with an option builds a new decoder per call)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def parse_json(raw: bytes, limits: Limits | None = None) -> dict:
     """The request body as a JSON object, or 400: not UTF-8, not JSON (NaN / Infinity are not JSON), nested
     deeper than ``--max-json-depth``, or a string with a lone surrogate (the message names the field)."""
@@ -215,7 +219,7 @@ def parse_json(raw: bytes, limits: Limits | None = None) -> dict:
                       f"{e.reason})") from None
     check_depth(text, limits.max_json_depth)
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = _DECODER.decode(text)
     except RecursionError:
         raise over("the body nests too deep to parse", limits.max_json_depth, "max_json_depth") from None
     except ValueError as e:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from .. import __version__
 from .. import _llama as llama
 from . import formats
-from .jobs import Renderer
+from .respond import Renderer
 from .parsing import SAMPLER_FIELDS, Defaults, GenParams
 from .probs import ProbsRender
 from .tools import ToolSpec, ToolStream, parse_output

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import formats
 from .errors import invalid
-from .jobs import Renderer, dumps
+from .respond import Renderer, dumps
 from .tools import ToolSpec, ToolStream, parse_output
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -13,7 +13,8 @@ from . import formats
 from .chat_prompt import chat_prompt
 from .constraints import check_alternatives
 from .errors import ApiError, api_error, exceed_context, invalid, not_supported, unavailable
-from .jobs import GenerationResponse, JobGroup, in_worker
+from .jobs import JobGroup, in_worker
+from .respond import GenerationResponse
 from .limits import check_chars, check_generations, read_body
 from .metrics import render as render_metrics
 from .parsing import Body, GenParams, parse_gen_params, parse_json, parse_messages, parse_prompts
