@@ -283,7 +283,10 @@ class DraftSimple(Drafter):
         """One drafting decode of target-id ``rows``; with ``reuse_kv`` remember what now sits in the draft
         context per seq (as target ids)."""
         try:
-            self.ctx_dft.decode(self._dft_rows(rows))
+            if self._to_dft is None:  # one output row per sequence, in the target's ids: straight to the batch
+                self.ctx_dft.decode_next([r.token for r in rows], [r.pos for r in rows], [r.seq_id for r in rows])
+            else:
+                self.ctx_dft.decode(self._dft_rows(rows))
         except DecodeError as e:
             log.warning("draft-simple: draft decode failed: %s", e)
             return False
