@@ -373,3 +373,41 @@ def test_four_slots_batch_16(tiny_model, lone):
         res = e.generate_many(PROMPTS, n_predict=N)
     assert [r.tokens for r in res] == [lone("llama", i) for i in range(4)]
     assert all(r.stats.n_drafted > 0 for r in res)
+
+
+def test_done_callbacks_run_once_from_the_finishing_thread_or_at_once(tiny_model):
+    """Request.add_done_callback (a whole server response hears of its end this way): a callback added before
+    the end runs once, in the thread that finishes the request; one added after runs at once; a failing one
+    neither stops the step nor the other callbacks."""
+    with Engine(tiny_model("llama"), n_ctx=256, **EXACT) as e:
+        e.start()
+        seen: list[tuple[str, int, bool]] = []
+        threads: list[str] = []
+        done = threading.Event()
+        r = e.submit([3, 4, 5], n_predict=40)
+
+        def failing(req):
+            raise RuntimeError("a callback that fails")
+
+        r.add_done_callback(failing)
+        r.add_done_callback(lambda req: (seen.append(("early", req.id, req.done)), done.set(),
+                                         threads.append(threading.current_thread().name)))
+        assert done.wait(30)
+        r.add_done_callback(lambda req: seen.append(("late", req.id, req.done)))
+        again = e.submit([3, 4, 5], n_predict=3).result()  # the engine thread went on after the failing callback
+    assert [s[0] for s in seen] == ["early", "late"] and all(s[1] == r.id and s[2] for s in seen)
+    assert threads == ["llamaspec-engine"]
+    assert r.result().finish_reason is FinishReason.LENGTH and len(again.tokens) == 3
+
+
+def test_a_plain_round_refuses_bad_rows_like_decode(tiny_model):
+    """Context.decode_next (the plain round's decode) checks what Context.decode checks: a token outside the
+    vocabulary or a sequence outside the context is a DecodeError, never a native abort."""
+    with Engine(tiny_model("llama"), n_ctx=256, n_parallel=2, **EXACT) as e:
+        n_vocab = e.vocab.n_tokens
+        with pytest.raises(DecodeError, match="invalid token"):
+            e.ctx.decode_next([3, n_vocab], [0, 0], [0, 1])
+        with pytest.raises(DecodeError, match="invalid sequence"):
+            e.ctx.decode_next([3, 4], [0, 0], [0, 2])
+        e.ctx.decode_next([3, 4], [0, 0], [0, 1])  # and a good batch decodes
+        assert e.ctx.memory.pos_max(0) == 0 and e.ctx.memory.pos_max(1) == 0
