@@ -61,7 +61,7 @@ class Emitter:
             if n_predict == len(generated):  # (never for n_predict < 0)
                 slot.finish_reason, slot.stop_type = FinishReason.LENGTH, "limit"
                 break
-        if slot.finish_reason is None and len(slot.tokens) >= self.n_ctx_seq - 1 and not self.ctx_shift:
+        if slot.finish_reason is None and slot.n_past >= self.n_ctx_seq - 1 and not self.ctx_shift:
             # no room left to decode the sampled token
             slot.finish_reason, slot.stop_type, slot.truncated = FinishReason.LENGTH, "limit", True
         finished = slot.finish_reason is not None

@@ -1,12 +1,13 @@
 """One speculative round (spec §7.2-§7.5), step by step: :class:`Round`, composed by the Engine.
 
 It reads as the spec: §7.2 draft and §7.3 after the draft (:class:`~llamaspec.draft_phase.DraftPhase`), §7.4
-batch layout and decode, §7.5 verify, restore or accept, commit, emit. How far each slot drafts is the budget's (:mod:`llamaspec.policy`); memory operations
-belong to the rollback objects (:mod:`llamaspec.memory`), which say what they did and leave the counting and
-the sampler to the round; verification rules to the request's verifier (:mod:`llamaspec.verify`). A failure
-is confined to the slot it belongs to: a batched draft or decode that raises is retried slot by slot to find
-it. The round does not know requests or the scheduler: it returns a :class:`RoundOutcome` (the chunks, the
-slots that finished or failed, the prompts that reached their checkpoint) and the Engine acts on it.
+batch layout and decode, §7.5 verify, restore or accept, commit, emit. How far each slot drafts is the budget's
+(:mod:`llamaspec.policy`); memory operations belong to the rollback objects (:mod:`llamaspec.memory`), which say
+what they did and leave the counting and the sampler to the round; verification rules to the request's verifier
+(:mod:`llamaspec.verify`). A failure is confined to the slot it belongs to: a batched draft or decode that raises
+is retried slot by slot to find it. The round does not know requests or the scheduler: it returns a
+:class:`RoundOutcome` (the chunks, the slots that finished or failed, the prompts that reached their checkpoint)
+and the Engine acts on it.
 """
 from __future__ import annotations
 
@@ -65,10 +66,8 @@ class Round:
                  cost_model: "CostModel | None", replay_accept_corrected: bool):
         self.ctx = ctx
         self.chain = chain
-        self.vocab = vocab
         self.rollback_tgt = rollback_tgt
         self.rollback_dft = rollback_dft
-        self.budget = budget
         self.cost_model = cost_model
         self.replay_accept_corrected = replay_accept_corrected
         self.emitter = Emitter(vocab, ctx.n_ctx_seq)
@@ -107,12 +106,8 @@ class Round:
         """Target decode followed by ``chain.process`` (every target decode, prompt chunks included)."""
         t0 = time.perf_counter()
         self.ctx.decode(rows)
-        if self.cost_model is not None and all(r.output for r in rows):  # verification rows: v(k)
-            # on an asynchronous backend (CUDA, Metal) decode returns before the work is done: time the work
-            self.ctx.wait_for_outputs()
-            self.cost_model.add_decode(len(rows), (time.perf_counter() - t0) * 1e3)
-        self.counters.n_decode += 1
-        self.counters.n_busy_slots += len({r.seq_id for r in rows})
+        self._decoded(t0, len(rows), len({r.seq_id for r in rows}),
+                      self.cost_model is not None and all(r.output for r in rows))
         if self.chain is not None and not self.chain.process(rows):
             raise LlamaSpecError("a drafter failed to process the target batch (see the log)")
 
@@ -128,14 +123,20 @@ class Round:
         """:meth:`_decode` of a :meth:`_plain` group of an engine without drafters (plain decoding's hot loop):
         the same decode, timing and counts, without building rows."""
         t0 = time.perf_counter()
-        self.ctx.decode_next([s.sampled for s in group], [len(s.tokens) for s in group], [s.seq_id for s in group])
+        self.ctx.decode_next([s.sampled for s in group], [s.n_past for s in group], [s.seq_id for s in group])
+        self._decoded(t0, len(group), len(group), True)
         for i, s in enumerate(group):
             s.spec_i_batch = [i]
-        if self.cost_model is not None:
+
+    def _decoded(self, t0: float, n_rows: int, n_seqs: int, verification: bool) -> None:
+        """After a target decode that started at ``t0``: its cost (``verification``: every row an output, the
+        v(k) of the cost model) and the counts."""
+        if verification and self.cost_model is not None:
+            # on an asynchronous backend (CUDA, Metal) decode returns before the work is done: time the work
             self.ctx.wait_for_outputs()
-            self.cost_model.add_decode(len(group), (time.perf_counter() - t0) * 1e3)
+            self.cost_model.add_decode(n_rows, (time.perf_counter() - t0) * 1e3)
         self.counters.n_decode += 1
-        self.counters.n_busy_slots += len(group)
+        self.counters.n_busy_slots += n_seqs
 
     def _prompt_chunk_done(self, s: Slot) -> None:
         s.n_prompt_done += s.n_prompt_chunk

@@ -214,6 +214,13 @@ class Context(_Owned):
                 "with output_limits() (spec §5.1)"
             )
 
+    def _check_size(self, n: int) -> None:
+        if n > self.n_batch:
+            raise OutputLimitError(
+                f"batch of {n} rows exceeds n_batch={self.n_batch}: raise the batch size (-b/--batch-size) "
+                "or lower the draft length (--spec-draft-n-max)"
+            )
+
     def decode(self, rows: Sequence[Row], *, kind: int = PROCESS_DECODE) -> None:
         """Decode ``rows`` in one ``llama_process`` call. Output row i of the batch is addressed by its
         batch index (``logits(i)``)."""
@@ -221,11 +228,7 @@ class Context(_Owned):
         n = len(rows)
         if n == 0:
             return
-        if n > self.n_batch:
-            raise OutputLimitError(
-                f"batch of {n} rows exceeds n_batch={self.n_batch}: raise the batch size (-b/--batch-size) "
-                "or lower the draft length (--spec-draft-n-max)"
-            )
+        self._check_size(n)
         n_out = 0
         for r in rows:
             if r.output:
@@ -284,8 +287,7 @@ class Context(_Owned):
             self.decode([Row(t, p, q, True) for t, p, q in zip(tokens, pos, seq)])
             return
         ptr = self.live_ptr()
-        if n > self.n_batch:
-            raise OutputLimitError(f"batch of {n} rows exceeds n_batch={self.n_batch}: raise the batch size (-b/--batch-size)")
+        self._check_size(n)
         self.check_outputs(n)  # (one output per sequence: never above n_outputs_max_per_seq)
         code, bad = self._tokens.fill_outputs(tokens, pos, seq, self.n_vocab, self.n_seq_max)
         if code:

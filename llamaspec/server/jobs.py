@@ -79,10 +79,14 @@ class JobGroup:
         if self._own:
             self._dispatcher.start()
         self._dispatcher.watch(self)
-        if not self.stream:
-            for i, r in enumerate(self.reqs):
-                if hasattr(r, "add_done_callback"):
-                    r.add_done_callback(lambda _r, i=i: self.post_done(i))
+        for i, r in enumerate(self.reqs):
+            if self.tells_end(r):
+                r.add_done_callback(lambda _r, i=i: self.post_done(i))
+
+    def tells_end(self, req: "Request") -> bool:
+        """Whether ``req`` posts its own end to this group (a whole response's request that can: a test double
+        may not), so the dispatcher need not wake for it."""
+        return not self.stream and hasattr(req, "add_done_callback")
 
     def post_done(self, i: int) -> bool:
         """Post that request ``i`` is done, the first time only (any thread); False when the loop is gone."""
@@ -152,7 +156,7 @@ class _Watch:
         self.pollable = hasattr(req, "has_output")
         #: a whole response's request tells its group itself when it is done (JobGroup.open): its end does not
         #: wake this thread, which only drops the watch (and asks for a heap trim) on its next turn
-        self.told = not group.stream and hasattr(req, "add_done_callback")
+        self.told = group.tells_end(req)
 
 
 class Dispatcher:
