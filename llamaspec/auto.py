@@ -9,9 +9,13 @@ when there is one. Speculation that loses is switched off for that slot and trie
   for the draft model its drafting time per drafted token (``c``, from its statistics) plus its per-round
   ``process`` time.
 * **Gain** of a drafter on a slot: over its recent rounds on that slot (decaying sums), tokens per round
-  ``1 + accepted`` against the cost ``v(k) + k c + p`` of those rounds. Below ``1 - margin`` (it loses
-  against a plain step) the drafter is switched off for the slot for ``backoff`` rounds, doubling each time
-  it fails again (up to ``backoff_max``), back to the start value when it pays.
+  ``1 + accepted`` against the cost ``v(k) + k c + p`` of a round of their mean length ``k``, priced with the
+  costs measured *now* (``c`` and ``p`` are medians of the last rounds' drafting and ``process`` times): what
+  the text allows is kept apart from what the machine allows, so a slow window moves the price, not what was
+  learned about acceptance. Below ``1 - margin`` (it loses against a plain step) the drafter is switched off
+  for the slot for ``backoff`` rounds, doubling each time it fails again (up to ``backoff_max``, 32 rounds),
+  back to the start value when it pays. Whether speculating pays at all under the machine's current load is
+  the referee's question (:mod:`llamaspec.referee`: delivered tokens per second against plain rounds).
 * ``ngram-lookup`` gates itself the same way at each lookup (its expected gain from its per-slot acceptance
   by match length and the same ``v(k)``); it gets the cost model of the auto chain. With a draft model after
   it, its draft must beat the draft model's expected gain on that slot (the slot's own measure, or every
@@ -25,16 +29,19 @@ measured gain (draft model).
 
 >>> g = SlotGate()
 >>> for _ in range(4):
-...     g.record(1.0 + 0.0, 1.6)          # nothing accepted, the verify cost 1.6x a plain step
->>> g.gain() < 0.7, g.should_stop(min_rounds=3, margin=0.02)
+...     g.record(1.0 + 0.0, 3)            # nothing of a 3-token draft accepted
+>>> cost = lambda k: 1.0 + 0.2 * k        # a round of k drafted tokens costs 1 + 0.2 k plain steps
+>>> g.gain(cost) < 0.7, g.should_stop(min_rounds=3, margin=0.02, round_cost=cost)
 (True, True)
 """
 from __future__ import annotations
 
 import logging
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .adaptive import CostModel, DraftLengthController
 from .chain import Chain
@@ -56,23 +63,33 @@ class GateParams:
     min_rounds: int = 3
     #: switched off when the measured gain is below 1 - margin
     margin: float = 0.03
-    #: rounds off after the first failure; doubles on each further failure
-    backoff: int = 16
-    backoff_max: int = 256
+    #: rounds off after the first failure; doubles on each further failure (at most ``backoff_max``: a drafter
+    #: that a slow window made look poor is back within that many rounds)
+    backoff: int = 8
+    backoff_max: int = 32
     #: decay of the per-slot sums per recorded round
     decay: float = 0.85
 
 
+#: rounds of drafting time and ``process`` time whose median prices a drafted token (robust to a slow round)
+COST_WINDOW = 16
+
+
 class SlotGate:
-    """One drafter on one slot: decaying sums of tokens per round and of their cost, and the back-off."""
+    """One drafter on one slot: what the text allows (decaying sums of tokens per round, ``1 + accepted``, and
+    of the draft lengths asked) kept apart from what the machine allows (the cost of a round, priced at judging
+    time from the current measured costs). A slow window of rounds therefore moves the cost, never what was
+    learned about acceptance; and the back-off."""
 
-    __slots__ = ("tokens", "cost", "n_rounds", "off_rounds", "backoff")
+    __slots__ = ("tokens", "drafted", "weight", "n_rounds", "off_rounds", "backoff")
 
-    def __init__(self, backoff: int = 16):
+    def __init__(self, backoff: int = 8):
         #: decaying sum of tokens per round (``1 + accepted``)
         self.tokens = 0.0
-        #: decaying sum of the rounds' cost (in one-row target decodes)
-        self.cost = 0.0
+        #: decaying sum of the rounds' draft lengths
+        self.drafted = 0.0
+        #: decaying count of the rounds
+        self.weight = 0.0
         #: rounds recorded since the last restart
         self.n_rounds = 0
         #: rounds left switched off
@@ -80,21 +97,35 @@ class SlotGate:
         #: rounds off at the next failure
         self.backoff = backoff
 
-    def record(self, tokens: float, cost: float, decay: float = 0.85) -> None:
+    def record(self, tokens: float, k: int, decay: float = 0.85) -> None:
         self.tokens = self.tokens * decay + tokens
-        self.cost = self.cost * decay + cost
+        self.drafted = self.drafted * decay + k
+        self.weight = self.weight * decay + 1.0
         self.n_rounds += 1
 
-    def gain(self) -> float:
-        """Measured tokens per unit cost relative to plain decoding (1 token per unit)."""
-        return self.tokens / self.cost if self.cost > 0 else 1.0
+    def gain(self, round_cost: "Callable[[float], float]") -> float:
+        """Tokens per round over ``round_cost(k)``, the cost of a round drafting the mean length ``k`` (in
+        one-row target decodes): relative to plain decoding (1 token per unit); 1 with nothing recorded.
 
-    def should_stop(self, min_rounds: int, margin: float) -> bool:
-        return self.n_rounds >= min_rounds and self.gain() < 1.0 - margin
+        >>> g = SlotGate(); [g.record(4.0, 3) for _ in range(3)] and None
+        >>> round(g.gain(lambda k: 1.0 + 0.2 * k), 2)       # 4 tokens for 1.6 units
+        2.5
+        """
+        if self.weight <= 0:
+            return 1.0
+        return (self.tokens / self.weight) / max(round_cost(self.drafted / self.weight), 1e-9)
+
+    def should_stop(self, min_rounds: int, margin: float, round_cost: "Callable[[float], float]") -> bool:
+        return self.n_rounds >= min_rounds and self.gain(round_cost) < 1.0 - margin
 
     def restart(self) -> None:
-        self.tokens = self.cost = 0.0
+        """After a back-off: judged afresh on the next rounds (the acceptance sums are kept, halved)."""
+        self.tokens, self.drafted, self.weight = self.tokens / 2, self.drafted / 2, self.weight / 2
         self.n_rounds = 0
+
+
+def _median_ms(window: "deque[float]") -> float:
+    return statistics.median(window) if window else 0.0
 
 
 class GatedDrafter(Drafter):
@@ -115,7 +146,9 @@ class GatedDrafter(Drafter):
         #: every slot's rounds together (a slower decay): the drafter's gain before a slot has measured its own
         self.overall = SlotGate(gate.backoff)
         self._k = [0] * inner.n_seq  # length of this round's draft per slot (0 = none)
-        self.t_process_ms = 0.0  # decaying mean of process() per call
+        #: the last COST_WINDOW times of process() per call and of one drafting step (their medians price a round)
+        self._process_ms: deque[float] = deque(maxlen=COST_WINDOW)
+        self._step_ms: deque[float] = deque(maxlen=COST_WINDOW)
         self.n_gate_off = 0
         self.n_gated = 0  # rounds a slot was not asked because it was switched off
         self.last_gain: float | None = None
@@ -163,14 +196,35 @@ class GatedDrafter(Drafter):
         if ctl is None or not cm.base_ms():
             return dp.n_max
         cap = dp.n_max if dp.n_max > 0 else self.inner.n_max
-        return ctl.choose(cm.verify_cost, cm.draft_cost_of(self.inner.stats), k_cap=cap)
+        return ctl.choose(cm.verify_cost, self.draft_cost(), k_cap=cap)
 
     def process(self, rows):
         t0 = time.perf_counter()
         ok = self.inner.process(rows)
-        ms = (time.perf_counter() - t0) * 1e3
-        self.t_process_ms = ms if self.t_process_ms == 0.0 else self.t_process_ms + 0.2 * (ms - self.t_process_ms)
+        self._process_ms.append((time.perf_counter() - t0) * 1e3)
         return ok
+
+    @property
+    def t_process_ms(self) -> float:
+        """The median time of ``process`` per call over the last ``COST_WINDOW`` calls."""
+        return _median_ms(self._process_ms)
+
+    def draft_cost(self) -> float:
+        """One drafting step of the inner drafter in one-row target decodes: the median of its last
+        ``COST_WINDOW`` drafting steps (the statistics' whole-run mean until it drafted here)."""
+        base = self.cost.base_ms()
+        if not base or not self._step_ms:
+            return self.cost.draft_cost_of(self.inner.stats)
+        return _median_ms(self._step_ms) / base
+
+    def round_cost(self, k: float) -> float:
+        """A round drafting ``k`` tokens on one slot, in one-row target decodes, at the current costs: the
+        verification of ``k + 1`` rows, ``k`` drafting steps and the ``process`` call."""
+        cm = self.cost
+        base = cm.base_ms()
+        lo = int(k)
+        v = cm.verify_cost(lo) + (k - lo) * (cm.verify_cost(lo + 1) - cm.verify_cost(lo)) if k > lo else cm.verify_cost(lo)
+        return v + k * self.draft_cost() + ((self.t_process_ms / base) if base else 0.0)
 
     def draft(self, params: Sequence[DraftParams]) -> None:
         off = []
@@ -196,7 +250,11 @@ class GatedDrafter(Drafter):
                 n_max_was[seq_id], dp.n_max = dp.n_max, k
         try:
             if any(dp.drafting for dp in params):
+                t0 = time.perf_counter()
                 self.inner.draft(params)
+                n_steps = max((len(dp.result) for dp in params if dp.drafting), default=0)
+                if n_steps > 0:
+                    self._step_ms.append((time.perf_counter() - t0) * 1e3 / n_steps)
         finally:
             for dp in off:
                 dp.drafting = True  # the chain sees an empty result: "no draft from this drafter"
@@ -215,21 +273,16 @@ class GatedDrafter(Drafter):
         ctl = self.lengths[seq_id]
         if ctl is not None:
             ctl.update(k, n_accepted)
-        cm = self.cost
-        base = cm.base_ms()
-        st = self.inner.stats
-        c = cm.draft_cost_of(st)
-        p = (self.t_process_ms / base) if base else 0.0
-        cost = cm.verify_cost(k) + k * c + p
         g = self.gates[seq_id]
-        g.record(1.0 + n_accepted, cost, self.gate.decay)
-        self.overall.record(1.0 + n_accepted, cost, OVERALL_DECAY)
-        self.last_gain = g.gain()
-        if g.should_stop(self.gate.min_rounds, self.gate.margin):
+        g.record(1.0 + n_accepted, k, self.gate.decay)
+        self.overall.record(1.0 + n_accepted, k, OVERALL_DECAY)
+        self.last_gain = g.gain(self.round_cost)
+        if g.should_stop(self.gate.min_rounds, self.gate.margin, self.round_cost):
             g.off_rounds = g.backoff
             g.backoff = min(g.backoff * 2, self.gate.backoff_max)
             self.n_gate_off += 1
-            log.debug("auto: %s off for slot %d for %d rounds (measured gain %.2fx)", self.type, seq_id, g.off_rounds, g.gain())
+            log.debug("auto: %s off for slot %d for %d rounds (measured gain %.2fx)", self.type, seq_id, g.off_rounds,
+                      self.last_gain)
         elif g.n_rounds >= self.gate.min_rounds:
             g.backoff = self.gate.backoff
 
@@ -241,9 +294,9 @@ class GatedDrafter(Drafter):
         if g.off_rounds > 0:
             return 1.0
         if g.n_rounds >= self.gate.min_rounds:
-            return max(1.0, g.gain())
+            return max(1.0, g.gain(self.round_cost))
         if self.overall.n_rounds >= self.gate.min_rounds:
-            return max(1.0, self.overall.gain())
+            return max(1.0, self.overall.gain(self.round_cost))
         return 1.0
 
     def configure_sampling(self, seq_id, temp, seed):

@@ -39,15 +39,16 @@ class DraftPhase:
         self.budget = budget
         self.cost_model = cost_model
 
-    def run(self, gen: list[Slot], fail: Fail) -> None:
-        """Draft for the generating slots ``gen`` (each slot's ``spec_draft`` is its draft afterwards)."""
-        for s in self._draft(gen, fail):
+    def run(self, gen: list[Slot], fail: Fail, allow: bool = True) -> None:
+        """Draft for the generating slots ``gen`` (each slot's ``spec_draft`` is its draft afterwards);
+        ``allow`` False (the referee's plain round): no new draft this round (replays still run)."""
+        for s in self._draft(gen, fail, allow):
             try:
                 self._after_draft(s)
             except Exception as e:  # noqa: BLE001 - confined to this slot
                 fail(s, e)
 
-    def _draft(self, gen: list[Slot], fail: Fail) -> list[Slot]:
+    def _draft(self, gen: list[Slot], fail: Fail, allow: bool = True) -> list[Slot]:
         """§7.2 drafting phase: one ``chain.draft()`` for every slot that may draft; replay rounds skip it.
         When the chain raises, each slot drafts alone, and the slot whose draft raises fails."""
         chain = self.chain
@@ -63,6 +64,8 @@ class DraftPhase:
                 fail(s, e)
                 continue
             drafting.append(s)
+        if not allow:
+            return requested
         for s, n_max, skipped in self.budget.lengths(drafting):
             if skipped:
                 s.stats.n_draft_skipped += 1

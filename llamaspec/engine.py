@@ -6,15 +6,14 @@
 first token is sampled), ``GENERATING`` and ``DONE`` (the slot can serve the next queued request).
 
 :meth:`Engine.step` cancels and admits (:class:`~llamaspec.scheduler.Scheduler`), runs one round
-(:class:`~llamaspec.round.Round`, spec §7.2–§7.5: draft, checkpoint, one batched decode, verify, roll back,
-emit) and acts on its :class:`~llamaspec.round.RoundOutcome`: failed slots are released, finished ones
-retired, chunks delivered to their requests. Who owns what: :mod:`llamaspec.policy` how far each slot drafts,
-:mod:`llamaspec.memory` every memory operation, :mod:`llamaspec.verify` the verification rules (one verifier
-per request), :mod:`llamaspec.sampler` the target sampler (llama.cpp's ``common_sampler``), the chain the
-drafters. ``docs/architecture.md`` has the whole picture.
-
-Threads: one thread at a time runs ``step()`` (:mod:`llamaspec.stepper`); ``submit()`` and ``cancel()`` may be
-called from any thread. A failure in one slot finishes that request with ``error``; the others go on.
+(:class:`~llamaspec.round.Round`, spec §7.2–§7.5: draft, checkpoint, one batched decode, verify, roll back, emit) and
+acts on its :class:`~llamaspec.round.RoundOutcome`: failed slots are released, finished ones retired, chunks delivered
+to their requests. Who owns what: :mod:`llamaspec.referee` whether speculating pays now, :mod:`llamaspec.policy` how
+far each slot drafts, :mod:`llamaspec.memory` every memory operation, :mod:`llamaspec.verify` the verification rules
+(one verifier per request), :mod:`llamaspec.sampler` the target sampler (llama.cpp's ``common_sampler``), the chain
+the drafters. ``docs/architecture.md`` has the whole picture. Threads: one thread at a time runs ``step()``
+(:mod:`llamaspec.stepper`); ``submit()`` and ``cancel()`` may be called from any thread. A failure in one slot
+finishes that request with ``error``; the others go on.
 
 Vocabulary follows llama.cpp: ``sampled`` is the last token sampled by the target, **not yet decoded**; ``n_past``
 the tokens in the sequence's memory: after every round ``seq_pos_max(seq) == n_past - 1`` in both contexts.
@@ -30,6 +29,7 @@ from typing import Callable, Iterator, Sequence
 
 from . import _llama as llama
 from .adaptive import CostModel
+from .auto import AutoChain
 from .chain import Chain
 from .contexts import build_parts
 from .drafters.base import Drafter
@@ -38,6 +38,7 @@ from .logprobs import ProbsSpec
 from .memory import DraftRollback, TargetRollback
 from .params import ADAPTIVE_DRAFT_N_MAX, ADAPTIVE_TYPES, VERIFY_MODES, RequestSpec, SpecParams
 from .policy import DraftBudget
+from .referee import Referee
 from .request import Request, RequestState, check_request, resolve_sampling
 from .round import Round, RoundOutcome
 from .sampler import TargetSampler
@@ -80,15 +81,9 @@ class Engine:
         draft: llama.Model | str | Path | None = None,
         spec: SpecParams | None = None,
         verify: str = "match",
-        n_ctx: int = DEFAULT_N_CTX,
-        n_parallel: int = 1,
-        n_batch: int = 512,
-        n_ubatch: int | None = None,
-        n_threads: int | None = None,
-        n_threads_draft: int | None = None,
-        flash_attn: bool | None = None,
-        kv_f32: bool = False,
-        n_rs_seq: int | None = None,
+        n_ctx: int = DEFAULT_N_CTX, n_parallel: int = 1, n_batch: int = 512, n_ubatch: int | None = None,
+        n_threads: int | None = None, n_threads_draft: int | None = None,
+        flash_attn: bool | None = None, kv_f32: bool = False, n_rs_seq: int | None = None,
         drafters: "Sequence[Drafter] | None" = None,
         n_threads_batch: int | None = None,
         n_gpu_layers: int | None = None,
@@ -163,9 +158,11 @@ class Engine:
         self.scheduler = Scheduler(self.slots, self.rollback_tgt, self.rollback_dft, self.chain, self.budget,
                                    verify=verify, ctx=self.ctx, is_eog=self.vocab.is_eog,
                                    synth_cond=self.synth_cond, cache_prompt=cache_prompt)
+        #: speculate or not from delivered throughput (llamaspec.referee), with the adaptive policies
+        self.referee = Referee() if spec.referee_on() and (adaptive or isinstance(self.chain, AutoChain)) else None
         self.round = Round(self.ctx, self.chain, self.vocab, self.rollback_tgt, self.rollback_dft, self.budget,
                            self.cost_model if self.chain is not None else None,  # plain decoding: nothing to price
-                           spec.replay_accept_corrected)
+                           spec.replay_accept_corrected, self.referee)
         self.round.shift.enable(context_shift)
         self._stepper = Stepper(self._step, self.scheduler.has_work, lambda: self._closed)
         self._id_lock, self._next_id = threading.Lock(), 0

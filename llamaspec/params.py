@@ -232,6 +232,15 @@ class SpecParams:
     #: measured costs (llamaspec.adaptive); the configured n_max becomes the ceiling. None = on; off with
     #: ``parity`` (draft-model drafters only: n-gram drafters keep their own lengths)
     draft_adaptive: bool | None = None
+    #: beyond llama.cpp: speculate only while it delivers more tokens per second than plain decoding, measured
+    #: against short plain windows under the machine's current load (llamaspec.referee). None = on wherever
+    #: the adaptive length is on; False = off (the policy below decides alone)
+    referee: bool | None = None
+
+    def referee_on(self) -> bool:
+        """Whether the referee judges speculation by delivered throughput (``referee``; default: with the
+        adaptive length, so never in parity runs or with synthetic acceptance)."""
+        return self.referee is not False and self.draft_adaptive_on()
 
     def draft_adaptive_on(self) -> bool:
         """Whether the draft model's length is chosen per round (``draft_adaptive``, default on; never with parity

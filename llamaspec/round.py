@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .chain import Chain
     from .memory import DraftRollback, TargetRollback
     from .policy import DraftBudget
+    from .referee import Referee
 
 log = logging.getLogger("llamaspec")
 _GENERATING, _PROMPT = SlotState.GENERATING, SlotState.PROMPT  # read per slot per round: a global is cheaper
@@ -63,8 +64,10 @@ class Round:
 
     def __init__(self, ctx: "llama.Context", chain: "Chain | None", vocab: "llama.Vocab",
                  rollback_tgt: "TargetRollback", rollback_dft: "DraftRollback", budget: "DraftBudget",
-                 cost_model: "CostModel | None", replay_accept_corrected: bool):
+                 cost_model: "CostModel | None", replay_accept_corrected: bool, referee: "Referee | None" = None):
         self.ctx = ctx
+        #: speculate or not, from the throughput delivered (llamaspec.referee); None: always as the policy says
+        self.referee = referee
         self.chain = chain
         self.rollback_tgt = rollback_tgt
         self.rollback_dft = rollback_dft
@@ -85,9 +88,13 @@ class Round:
         did goes into ``out``."""
         self.out = out
         gen = self.shift.run(gen, self._fail)  # --context-shift: full slots drop old tokens first
+        referee = self.referee if gen and not prompts else None  # a prompt chunk's time is not the generation's
+        spec = referee.speculate(len(gen)) if referee is not None else True
+        t0 = time.perf_counter()
         if self.drafting is not None and gen:
-            self.drafting.run(gen, self._fail)
+            self.drafting.run(gen, self._fail, allow=spec)
         live = [s for s in gen if s.state is _GENERATING]
+        n_drafted = sum(len(s.spec_draft) for s in live) if referee is not None else 0
         groups = self._batches(live)
         self._plan_prompts(groups, prompts)
         for group in groups:
@@ -101,6 +108,9 @@ class Round:
                             self._verify(s)
                     except Exception as e:  # noqa: BLE001 - confined to this slot
                         self._fail(s, e)
+        if referee is not None:
+            n_tokens = sum(len(ch.tokens) for ch in out.chunks)
+            referee.record(spec, len(live), n_tokens, time.perf_counter() - t0, n_drafted)
 
     def _decode(self, rows: list[llama.Row]) -> None:
         """Target decode followed by ``chain.process`` (every target decode, prompt chunks included)."""

@@ -117,6 +117,7 @@ def test_checkpoint_costs_gate_drafting(tiny_model, kind, draft, gated):
     ``n_draft_skipped``), while a PART target with the same costs drafts on. Output equals plain either way."""
     p = SpecParams()
     p.draft.n_max = 4
+    p.referee = False  # the budget's own gating is under test: no plain probes in between
     with Engine(tiny_model(kind), n_ctx=256, **EXACT) as e:
         plain = e.generate(PROMPTS[3], n_predict=32).tokens
     with Engine(tiny_model(kind), draft=tiny_model(draft), spec=p, n_ctx=256, **EXACT) as e:

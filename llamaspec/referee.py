@@ -1,0 +1,249 @@
+"""Does speculation pay *now*? Decided from the throughput rounds actually delivered, not from a cost model.
+
+The adaptive length (:mod:`llamaspec.adaptive`) and the auto gates (:mod:`llamaspec.auto`) price drafts in units
+of a one-row target decode, from timings. On a quiet machine that model is right; with other processes on the
+cores it is not (a decode's time is then mostly thread synchronisation, so a draft step costs nearly what a
+target decode costs, and a slow window of rounds can switch off a drafter whose tokens are 90% accepted). The
+:class:`Referee` sits above both and asks only what was delivered: generated tokens per second of the rounds
+run with speculation on (whatever the policy below chose in them, drafting or not) against rounds run plainly,
+measured close together so that both saw the same machine.
+
+* **Two windows per batch size** (the number of generating slots, bucketed: 1, 2, 3-4, 5-8, ...): the last
+  ``window`` speculative rounds and the last ``window`` plain ones, each ``(tokens, seconds)``. A window's rate
+  is its tokens over its time, with each round's time clipped at ``CLIP`` times the window's median (a round
+  that waited for the scheduler, or a page fault, cannot decide alone), so rates are medians-robust.
+* **Probes.** Speculating, every ``probe_every`` rounds a short plain window (``probe_len`` rounds) measures the
+  reference; a round in which no slot drafted is a plain round too and counts as one. The interval doubles while
+  speculation wins clearly (up to ``probe_every_max``: at 2x a probe costs a few percent) and goes back to the
+  start when the margin is thin.
+* **Fall back, then look again.** When the speculative rate falls below the plain rate by more than ``margin``,
+  the engine decodes plainly; after ``retry`` plain rounds it speculates for ``probe_len_spec`` rounds to
+  measure again (the policies below keep what they learned about acceptance meanwhile), and goes back to
+  speculating when that pays. A failed retry doubles the wait up to ``retry_max`` (16 by default: when a load
+  stops, speculation is back within 16 + ``probe_len_spec`` rounds).
+
+Everything here is pure (no clock, no model): the round reports ``(speculative, n_gen, tokens, seconds)``.
+
+>>> r = Referee(probe_every=4, probe_len=2, window=8)
+>>> for _ in range(4):                                  # speculating: 3 tokens per 10 ms round
+...     assert r.speculate(1); r.record(True, 1, 3, 0.010)
+>>> [r.speculate(1) for _ in range(1)], r.state         # time to measure plain decoding
+([False], 'probe-plain')
+>>> r.record(False, 1, 1, 0.008); r.speculate(1); r.record(False, 1, 1, 0.008)
+False
+>>> r.speculate(1), round(r.ratio(1), 2)                # 300 tok/s against 125: keep speculating
+(True, 2.4)
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = ["Referee", "RefereeParams", "WindowRate", "bucket"]
+
+#: a round's time counts at most this many times the median of its window
+CLIP = 3.0
+
+
+def bucket(n_gen: int) -> int:
+    """The batch-size bucket of ``n_gen`` generating slots: 1, 2, then powers of two (3-4 -> 4, 5-8 -> 8).
+
+    >>> [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)]
+    [1, 2, 4, 4, 8, 8, 16, 16]
+    """
+    b = 1
+    while b < n_gen:
+        b *= 2
+    return b
+
+
+@dataclass
+class RefereeParams:
+    #: speculating: rounds between two plain probes (doubles while speculation wins clearly)
+    probe_every: int = 12
+    probe_every_max: int = 96
+    #: plain rounds per probe
+    probe_len: int = 3
+    #: falling back: plain rounds before speculation is tried again (doubles while it keeps losing)
+    retry: int = 4
+    retry_max: int = 16
+    #: speculative rounds per retry
+    probe_len_spec: int = 6
+    #: speculation must deliver at least ``1 - margin`` of plain's rate to stay on
+    margin: float = 0.03
+    #: the ratio above which the probe interval doubles
+    clear_win: float = 1.25
+    #: rounds per window
+    window: int = 16
+
+
+class WindowRate:
+    """The last ``n`` rounds of one mode at one batch size: ``(tokens, seconds)``, and their robust rate.
+
+    >>> w = WindowRate(8)
+    >>> for t in (0.01, 0.01, 0.01, 0.5):                 # one round waited half a second for the CPU
+    ...     w.add(2, t)
+    >>> round(w.rate(), 1)                               # 8 tokens over 0.03 + 0.03 s, not over 0.53 s
+    133.3
+    """
+
+    __slots__ = ("rounds",)
+
+    def __init__(self, n: int):
+        self.rounds: deque[tuple[int, float]] = deque(maxlen=n)
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.rounds.append((tokens, max(seconds, 1e-7)))
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+    def rate(self) -> float | None:
+        """Tokens per second over the window, each round's time clipped at ``CLIP`` x the median; None when
+        empty."""
+        if not self.rounds:
+            return None
+        med = statistics.median(t for _, t in self.rounds)
+        cap = CLIP * med
+        tokens = sum(n for n, _ in self.rounds)
+        secs = sum(min(t, cap) for _, t in self.rounds)
+        return tokens / secs
+
+    def spread(self) -> float | None:
+        """How noisy the window's per-token times are: their median absolute deviation over their median
+        (0 on a steady machine; about 0.3 and more when other processes take the cores). None below 4 rounds."""
+        if len(self.rounds) < 4:
+            return None
+        per = [t / max(n, 1) for n, t in self.rounds]
+        med = statistics.median(per)
+        return statistics.median(abs(x - med) for x in per) / med if med > 0 else None
+
+
+class _Bucket:
+    __slots__ = ("spec", "plain")
+
+    def __init__(self, n: int):
+        self.spec = WindowRate(n)
+        self.plain = WindowRate(n)
+
+
+class Referee:
+    """The speculate-or-not decision of each round (module docstring). ``speculate(n_gen)`` before a round,
+    ``record(...)`` after it (rounds with prompt work are not recorded: their time is not the generation's)."""
+
+    SPEC, PROBE_PLAIN, PLAIN, PROBE_SPEC = "spec", "probe-plain", "plain", "probe-spec"
+
+    def __init__(self, params: RefereeParams | None = None, **kw):
+        p = params or RefereeParams()
+        for k, v in kw.items():
+            if not hasattr(p, k):
+                raise TypeError(f"unknown referee setting {k!r}")
+            setattr(p, k, v)
+        self.p = p
+        self.state = self.SPEC
+        self._buckets: dict[int, _Bucket] = {}
+        self._left = p.probe_every  # rounds left in the current state
+        self._probe_every = p.probe_every
+        self._retry = p.retry
+        self._carry = 0.0  # time of rounds that emitted nothing, added to the next one
+        #: counts: plain probes, fall-backs to plain, returns to speculation
+        self.n_probes = 0
+        self.n_fallbacks = 0
+        self.n_returns = 0
+        self.n_plain_rounds = 0  # rounds the referee made plain (probes and fall-back)
+
+    def _bucket(self, n_gen: int) -> _Bucket:
+        b = bucket(n_gen)
+        bk = self._buckets.get(b)
+        if bk is None:
+            bk = self._buckets[b] = _Bucket(self.p.window)
+        return bk
+
+    # -- the decision ------------------------------------------------------------------------------
+    def speculate(self, n_gen: int) -> bool:
+        """Whether this round may speculate (the policies below still choose how far, or not at all)."""
+        if self.state == self.SPEC and self._left <= 0:
+            self.state, self._left = self.PROBE_PLAIN, self.p.probe_len
+        elif self.state == self.PLAIN and self._left <= 0:
+            self.state, self._left = self.PROBE_SPEC, self.p.probe_len_spec
+        spec = self.state in (self.SPEC, self.PROBE_SPEC)
+        if not spec:
+            self.n_plain_rounds += 1
+        return spec
+
+    def record(self, speculative: bool, n_gen: int, n_tokens: int, seconds: float, n_drafted: int = 1) -> None:
+        """A generation round ran: ``speculative`` as :meth:`speculate` said, ``n_tokens`` emitted in
+        ``seconds``; a speculative round in which nothing was drafted (``n_drafted`` 0) is a plain round."""
+        if n_gen <= 0:
+            return
+        if n_tokens <= 0:  # a restored round (FULL / RS memory) emits in the next one: its time goes there
+            self._carry += seconds
+            return
+        seconds, self._carry = seconds + self._carry, 0.0
+        bk = self._bucket(n_gen)
+        (bk.spec if speculative else bk.plain).add(n_tokens, seconds)
+        if speculative and n_drafted == 0:
+            bk.plain.add(n_tokens, seconds)
+        self._left -= 1
+        if self._left > 0:
+            return
+        if self.state == self.PROBE_PLAIN:
+            self.n_probes += 1
+            self._judge(n_gen, from_spec=True)
+        elif self.state == self.PROBE_SPEC:
+            self._judge(n_gen, from_spec=False)
+
+    def _judge(self, n_gen: int, from_spec: bool) -> None:
+        r = self.ratio(n_gen)
+        if from_spec:  # a plain probe ended: stay speculating unless it loses
+            if r is not None and r < 1.0 - self.p.margin:
+                self._fall_back()
+                return
+            self.state = self.SPEC
+            wins = r is not None and r >= self.p.clear_win
+            self._probe_every = min(2 * self._probe_every, self.p.probe_every_max) if wins else self.p.probe_every
+            self._left = self._probe_every
+            return
+        # a speculative retry ended: back to speculating when it pays
+        if r is None or r >= 1.0:
+            self.state, self._left = self.SPEC, self.p.probe_every
+            self._probe_every = self.p.probe_every
+            self._retry = self.p.retry
+            self.n_returns += 1
+        else:
+            self._retry = min(2 * self._retry, self.p.retry_max)
+            self.state, self._left = self.PLAIN, self._retry
+
+    def _fall_back(self) -> None:
+        self.state, self._left = self.PLAIN, self._retry
+        self.n_fallbacks += 1
+
+    # -- what was measured -------------------------------------------------------------------------
+    def rates(self, n_gen: int) -> tuple[float | None, float | None]:
+        """``(speculative, plain)`` tokens per second at ``n_gen`` generating slots (None: not measured)."""
+        bk = self._buckets.get(bucket(n_gen))
+        if bk is None:
+            return None, None
+        return bk.spec.rate(), bk.plain.rate()
+
+    def ratio(self, n_gen: int) -> float | None:
+        """Speculative rate over plain rate at ``n_gen`` slots; None until both were measured (plain needs
+        at least 2 rounds)."""
+        bk = self._buckets.get(bucket(n_gen))
+        if bk is None or len(bk.plain) < 2 or not len(bk.spec):
+            return None
+        s, p = bk.spec.rate(), bk.plain.rate()
+        return s / p if s and p else None
+
+    def info(self) -> dict:
+        """What the referee measured and did, per batch-size bucket (statistics and ``/slots``)."""
+        per = {}
+        for b, bk in sorted(self._buckets.items()):
+            s, p = bk.spec.rate(), bk.plain.rate()
+            per[str(b)] = {"spec_tps": None if s is None else round(s, 2),
+                           "plain_tps": None if p is None else round(p, 2),
+                           "n_spec": len(bk.spec), "n_plain": len(bk.plain),
+                           "spread": None if bk.plain.spread() is None else round(bk.plain.spread(), 3)}
+        return {"state": self.state, "n_probes": self.n_probes, "n_fallbacks": self.n_fallbacks,
+                "n_returns": self.n_returns, "n_plain_rounds": self.n_plain_rounds, "by_slots": per}
