@@ -90,9 +90,10 @@ def served(tiny_model):
         yield client, eng
 
 
-def test_served_publicly_with_the_models_bounds(served):
+def test_served_with_the_key_and_the_models_bounds(served):
     client, eng = served
-    r = client.get("/openapi.json")  # no key
+    assert client.get("/openapi.json").status_code == 401  # the key is needed, as for llama-server's routes
+    r = client.get("/openapi.json", headers={"Authorization": "Bearer k"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
     doc = r.json()
     assert client.get("/props").status_code == 401  # the key is still needed elsewhere

@@ -362,7 +362,8 @@ def test_per_request_speculative(client):
 # ---------------------------------------------------------------------------------------------------
 def test_models_health_props_slots(server, http):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}  # public
-    m = httpx.get(server.url + "/v1/models").json()  # public, as in llama-server
+    assert httpx.get(server.url + "/v1/models").status_code == 401  # with --api-key, as in llama-server
+    m = http.get("/v1/models").json()
     assert m["object"] == "list" and m["data"][0]["id"] == "tiny" and m["data"][0]["object"] == "model"
     p = http.get("/props").json()
     assert p["total_slots"] == 4 and p["model_alias"] == "tiny"

@@ -1,6 +1,7 @@
 """``llamaspec serve``'s bounds on the work one request, and the whole server, may ask for (docs/limits.md):
 ``--max-request-generations --max-queued-generations --max-prompt-chars --max-stop --max-stop-chars
---max-json-depth --max-body-size --max-grammar-alternatives --shutdown-timeout``. The defaults are :class:`llamaspec.server.limits.Limits`'s.
+--max-json-depth --max-body-size --max-grammar-alternatives --shutdown-timeout``, and the connection's:
+``--max-url-bytes --max-header-bytes --max-headers --timeout --max-connections``. The defaults are :class:`llamaspec.server.limits.Limits`'s.
 """
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import click
 
 #: the keyword names the options fill in (the fields of ``Limits``)
 KEYS = ("max_request_generations", "max_queued_generations", "max_prompt_chars", "max_stop", "max_stop_chars",
-        "max_json_depth", "max_body_size", "max_grammar_alternatives", "shutdown_timeout")
+        "max_json_depth", "max_body_size", "max_grammar_alternatives", "shutdown_timeout", "max_url_bytes",
+        "max_header_bytes", "max_headers", "timeout", "max_connections")
 
 # the defaults of llamaspec.server.limits.Limits (that module needs starlette, which the CLI must not import
 # before `serve` checks that it is installed); tests/test_server_limits.py checks that they agree
 DEFAULTS = {"max_request_generations": 64, "max_queued_generations": 1024, "max_prompt_chars": 1 << 20,
             "max_stop": 16, "max_stop_chars": 1024, "max_json_depth": 64, "max_body_size": 8 << 20,
-            "max_grammar_alternatives": 512, "shutdown_timeout": 10.0}
+            "max_grammar_alternatives": 512, "shutdown_timeout": 10.0, "max_url_bytes": 8192,
+            "max_header_bytes": 16384, "max_headers": 100, "timeout": 600.0, "max_connections": 1024}
 
 
 def limit_options():
@@ -45,6 +48,19 @@ def limit_options():
                      metavar="SECONDS",
                      help="On SIGTERM, seconds the running requests have to finish (new ones get 503) before they "
                           "end with an error event; a second SIGTERM stops at once."),
+        click.option("--max-url-bytes", type=click.IntRange(256, 1 << 20), default=d["max_url_bytes"],
+                     show_default=True, metavar="BYTES", help="Bytes in a request's URL (more: 414)."),
+        click.option("--max-header-bytes", type=click.IntRange(1024, 1 << 24), default=d["max_header_bytes"],
+                     show_default=True, metavar="BYTES",
+                     help="Bytes in a request's header lines together (more: 431)."),
+        click.option("--max-headers", type=click.IntRange(8, 1 << 16), default=d["max_headers"], show_default=True,
+                     help="Header lines in one request (more: 431)."),
+        click.option("-to", "--timeout", type=click.FloatRange(0.0), default=d["timeout"], show_default=True,
+                     metavar="SECONDS",
+                     help="Seconds a request's head, and then its body, may take to arrive (later: 408 and the "
+                          "connection is closed; 0 = no limit)."),
+        click.option("--max-connections", type=click.IntRange(1), default=d["max_connections"], show_default=True,
+                     help="Connections open at once (a request on one more: 503)."),
     ]
 
     def deco(f):

@@ -58,7 +58,6 @@ R_DOCKER = "llamaspec cannot pull from Docker Hub: give -m PATH or -hf REPO"
 R_UI = "llamaspec serve has no web UI"
 R_TOOLS = "llamaspec serve runs no server-side tools or MCP servers"
 R_KWARGS = "llamaspec's chat templates take no extra arguments yet"
-R_TIMEOUT = "uvicorn's own timeouts apply"
 R_ROUTER = "llamaspec serve runs one model (no router mode)"
 R_REASON = "llamaspec returns the text as generated (no reasoning parsing)"
 R_SLEEP = "llamaspec keeps the model loaded"
@@ -228,7 +227,7 @@ FLAGS: tuple[Flag, ...] = (
     _F('--ssl-key-file', 'S', 'LLAMA_ARG_SSL_KEY_FILE', 'cli'),
     _F('--ssl-cert-file', 'S', 'LLAMA_ARG_SSL_CERT_FILE', 'cli'),
     _F('--chat-template-kwargs', 'S', 'LLAMA_ARG_CHAT_TEMPLATE_KWARGS', R_KWARGS),
-    _F('-to --timeout', 'I', 'LLAMA_ARG_TIMEOUT', R_TIMEOUT),
+    _F('-to --timeout', 'I', 'LLAMA_ARG_TIMEOUT', 'cli'),
     _F('--sse-ping-interval', 'I', 'LLAMA_ARG_SSE_PING_INTERVAL', 'cli'),
     _F('--threads-http', 'I', 'LLAMA_ARG_THREADS_HTTP', 'same'),
     _F('--cache-prompt', 'B', 'LLAMA_ARG_CACHE_PROMPT', 'cli', neg='--no-cache-prompt'),

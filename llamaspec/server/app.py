@@ -2,7 +2,7 @@
 
 =========================================  ==============================================================
 ``GET /health``, ``/v1/health``            public; 503 ``unavailable_error`` while the model loads
-``GET /v1/models``, ``/models``            public (as in llama-server); the model and its metadata
+``GET /v1/models``, ``/models``            the model and its metadata
 ``POST /v1/completions``                   OpenAI completions, stream and non-stream
 ``POST /v1/chat/completions``              OpenAI chat (the GGUF's template, ``--chat-template``)
 ``POST /v1/responses``, ``/responses``     OpenAI Responses API over the chat path, stream and non-stream
@@ -16,13 +16,13 @@
 ``GET /props``                             server settings (``POST``: 501 without ``--props``)
 ``GET /metrics``                           Prometheus (``--metrics``, else 501)
 ``GET``, ``POST /cors-proxy?url=``         the web UI's MCP proxy (``--ui-mcp-proxy``, else 403)
-``GET /openapi.json``                      public; the OpenAPI 3.1 description of these routes (``server/openapi.py``)
+``GET /openapi.json``                      the OpenAPI 3.1 description of these routes (``server/openapi.py``)
 =========================================  ==============================================================
 
 Every error is ``{"error": {"code", "message", "type"}}`` with llama-server's code; a bad request is a 400
 (never a 422 or 500). While the model loads every route but ``/health`` answers 503; with ``--api-key``
-every route but ``/health``, ``/v1/models`` and ``/openapi.json`` needs ``Authorization: Bearer KEY`` or
-``X-Api-Key: KEY``.
+every route but ``/health`` (and ``/v1/health``) needs ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``, as
+in llama-server.
 """
 from __future__ import annotations
 

@@ -9,6 +9,9 @@
 * alternatives a request's grammar (``grammar``, a JSON schema, a forced tool call's) has open at once:
   ``--max-grammar-alternatives`` (512, 0 = none; llamaspec._llama.grammar_cost); 400 naming the field
 * the request body: ``--max-body-size`` (8388608 bytes), counted while it arrives; 413
+* the request head (:mod:`llamaspec.server.protocol`, before any route): the URL ``--max-url-bytes`` (8192; 414),
+  the header lines ``--max-header-bytes`` (16384 together; 431) and ``--max-headers`` (100; 431), its head and
+  its body each within ``--timeout`` seconds (600; 408); open connections ``--max-connections`` (1024; 503)
 
 Prompt tokens are bounded by the slot's context (400 ``exceed_context_size_error``). docs/limits.md says
 the same for users. Every message names the limit, the value and the flag.
@@ -54,6 +57,14 @@ class Limits:
     max_body_size: int = 8 << 20
     #: alternatives a request's grammar may have open at once; 0 = no limit
     max_grammar_alternatives: int = MAX_ALTERNATIVES
+    #: bytes of a request's URL (its request target), of its header lines together, and how many header lines
+    max_url_bytes: int = 8192
+    max_header_bytes: int = 16384
+    max_headers: int = 100
+    #: seconds a request's head, and then its body, may take to arrive (llama-server's --timeout); 0 = no limit
+    timeout: float = 600.0
+    #: connections open at once (uvicorn's limit_concurrency: past it 503)
+    max_connections: int = 1024
     #: seconds a SIGTERM waits for running requests before it ends them with an error event
     shutdown_timeout: float = 10.0
     #: seconds a client is told to wait when the queue is full
@@ -71,6 +82,11 @@ FLAGS = {
     "max_body_size": "--max-body-size",
     "max_grammar_alternatives": "--max-grammar-alternatives",
     "shutdown_timeout": "--shutdown-timeout",
+    "max_url_bytes": "--max-url-bytes",
+    "max_header_bytes": "--max-header-bytes",
+    "max_headers": "--max-headers",
+    "timeout": "--timeout",
+    "max_connections": "--max-connections",
 }
 
 

@@ -20,8 +20,9 @@ log = logging.getLogger("llamaspec.server")
 
 #: routes that need neither a loaded model nor an API key
 HEALTH = ("/health", "/v1/health")
-#: routes that need no API key (llama-server's public endpoints, and llamaspec's API description)
-PUBLIC = HEALTH + ("/models", "/v1/models", "/openapi.json")
+#: routes that need no API key: llama-server's public endpoints with ``--api-key`` (the model list names the
+#: model's file, and the API description the server's limits: both need the key, as in llama-server)
+PUBLIC = HEALTH
 
 
 class GuardMiddleware:

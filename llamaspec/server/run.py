@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..errors import LlamaSpecError
 from .app import ServerConfig, ServerState, create_app
+from .protocol import head_buffer_size, protocol_class
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
@@ -25,6 +26,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["serve", "bind", "ServeError"]
 
 log = logging.getLogger("llamaspec.server")
+
+#: seconds uvicorn waits for open connections and tasks once it stops (then it cancels them)
+GRACEFUL_S = 3
 
 
 class ServeError(LlamaSpecError):
@@ -140,13 +144,17 @@ def serve(config: ServerConfig, loader: Callable[[], "Engine"], *, host: str = "
     state = ServerState(config)
     drain = _Drain(state, config.limits.shutdown_timeout)
     app = create_app(state, loader=loader)
+    limits = config.limits
     server = _Server(uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
-                                           ws="none", timeout_graceful_shutdown=3,
+                                           ws="none", timeout_graceful_shutdown=GRACEFUL_S,
                                            # h11 and asyncio whatever else is installed: httptools lowercases the
                                            # header names (llama-server's clients read Access-Control-Allow-Origin
                                            # and Process-Start-Time-Unix as spelled), and with uvloop + httptools
-                                           # no faster request was measured here (interleaved, 1-token requests)
-                                           http="h11", loop="asyncio", timeout_keep_alive=30,
+                                           # no faster request was measured here (interleaved, 1-token requests);
+                                           # h11 with the request-head checks and deadlines (server/protocol.py)
+                                           http=protocol_class(limits), loop="asyncio", timeout_keep_alive=30,
+                                           h11_max_incomplete_event_size=head_buffer_size(limits),
+                                           limit_concurrency=limits.max_connections,
                                            ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile))
 
     def failed(_exc: BaseException) -> None:

@@ -197,7 +197,8 @@ def fuzz(url: str, *, max_examples: int = 20, seconds: float = 60.0, seed: int |
     from schemathesis.core.failures import FailureGroup
 
     # from the live description, as a dict: Schemathesis leaves the operation it loaded a schema from untested
-    schema = schemathesis.openapi.from_dict(httpx.get(url + "/openapi.json", timeout=30).raise_for_status().json())
+    schema = schemathesis.openapi.from_dict(httpx.get(url + "/openapi.json", timeout=30,
+                                                       headers={"Authorization": f"Bearer {key}"}).raise_for_status().json())
     check_fns = _checks(checks)
     auth = {"Authorization": f"Bearer {key}"}
     rep = Report()
