@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
@@ -162,12 +163,14 @@ def save_slot_file(engine: "Engine", slot_id: int, path: "str | os.PathLike[str]
     """Write slot ``slot_id``'s prompt cache to ``path`` in llama-server's format (atomically: a temporary file
     renamed into place): ``(tokens, bytes written)``."""
     path = os.fspath(path)
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     with _idle_slot(engine, slot_id, timeout) as slot:
         tokens = list(slot.cached)
         n = engine.rollback_tgt.n_positions(slot.seq_id)
         if n != len(tokens):
             raise LlamaSpecError(f"slot {slot_id}: its memory holds {n} positions, its cache {len(tokens)} tokens")
+        # a short temporary name: the file's own may be as long as a name can be (255 bytes)
+        fd, tmp = tempfile.mkstemp(prefix=".slot-", suffix=".tmp", dir=os.path.dirname(path) or ".")
+        os.close(fd)
         try:
             n_bytes = engine.rollback_tgt.save_seq_file(slot.seq_id, tmp, pack_tokens(tokens))
             os.replace(tmp, path)

@@ -432,3 +432,22 @@ def test_chat_errors(llama):
             apply_chat_template(llama, MSGS)
     with pytest.raises(UsageError, match="could not apply the chat template"):
         apply_chat_template(llama, MSGS, template="{% for m in messages %}")
+
+
+def test_a_native_error_quotes_its_own_threads_log_lines(llama):
+    """llama.cpp's log is process-wide: a line another thread logged (a failed slot restore) never ends up in
+    this thread's error, and this call's own line does (issue 36)."""
+    from llamaspec._llama import log
+    from llamaspec._llama.sampler import SamplingParams
+
+    other = "llama_state_seq_set_data: error loading state: unexpectedly reached end of buffer /srv/slots/x"
+    t = threading.Thread(target=lambda: log._router.feed(4, other + "\n"))
+    t.start()
+    t.join()
+    with pytest.raises(SamplerError) as ei:
+        L.Sampler.grammar_only(llama.vocab, SamplingParams(grammar='root ::= a\na ::= root "x"'))
+    assert "left recursion" in str(ei.value) and "slots" not in str(ei.value)
+    log._router.feed(4, "an earlier error of this thread\n")  # forgotten before the next native call
+    with pytest.raises(SamplerError) as ei:
+        L.Sampler.grammar_only(llama.vocab, SamplingParams(grammar='root ::= a\na ::= root "x"'))
+    assert "earlier" not in str(ei.value)

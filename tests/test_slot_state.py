@@ -113,6 +113,59 @@ def test_a_bad_file_leaves_the_slot_empty(served):
     assert _completion(http, PROMPT, 0)["timings"]["cache_n"] == 0
 
 
+@pytest.mark.parametrize("cut", [0.5, 0.9, "header", "tokens"])
+def test_a_truncated_file_is_refused_and_the_server_lives(served, cut):
+    """A slot file cut short (llama.cpp would read past its end and abort the process: GGML_ASSERT(nread <=
+    state_size)): 400, the slot left empty, the server serving on."""
+    http, files = served
+    _completion(http, PROMPT, 1)
+    assert http.post("/slots/1?action=save", json={"filename": "whole.bin"}).status_code == 200
+    data = (files / "whole.bin").read_bytes()
+    n = {"header": 8, "tokens": 12 + 4 * 5}.get(cut) if isinstance(cut, str) else int(len(data) * cut)
+    (files / "cut.bin").write_bytes(data[:n])
+    for slot in (1, 0):
+        r = http.post(f"/slots/{slot}?action=restore", json={"filename": "cut.bin"})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("Unable to restore slot: "), r.text
+    assert http.get("/health").status_code == 200
+    assert _completion(http, PROMPT, 1)["timings"]["cache_n"] == 0  # left empty, usable
+    (files / "long.bin").write_bytes(data + b"\0" * 64)  # trailing bytes: not a file llama.cpp wrote
+    assert http.post("/slots/1?action=restore", json={"filename": "long.bin"}).status_code == 400
+    assert http.post("/slots/1?action=restore", json={"filename": "whole.bin"}).status_code == 200
+
+
+def test_refusals_name_no_server_path(served):
+    """A refused restore says what is wrong with the file, never where the server keeps it."""
+    http, files = served
+    (files / "junk2.bin").write_bytes(b"ggsq" + b"\0" * 40)
+    for name in ("junk2.bin", "missing.bin"):
+        r = http.post("/slots/0?action=restore", json={"filename": name})
+        assert r.status_code == 400
+        msg = r.json()["error"]["message"]
+        assert str(files) not in msg and "/tmp" not in msg and name in msg, msg
+
+
+def test_a_255_byte_filename_saves(served):
+    http, files = served
+    _completion(http, PROMPT, 0)
+    name = "s" * 251 + ".bin"
+    assert len(name.encode()) == 255
+    r = http.post("/slots/0?action=save", json={"filename": name})
+    assert r.status_code == 200, r.text
+    assert http.post("/slots/0?action=restore", json={"filename": name}).status_code == 200
+    assert http.post("/slots/0?action=save", json={"filename": "é" * 128}).status_code == 400  # 256 bytes
+
+
+def test_an_error_carries_its_own_native_log_line(served):
+    """A failed restore logs a llama.cpp error; a later bad grammar's 400 tells its own, not that one."""
+    http, files = served
+    (files / "junk3.bin").write_bytes(b"not a state file at all")
+    assert http.post("/slots/0?action=restore", json={"filename": "junk3.bin"}).status_code == 400
+    r = http.post("/completion", json={"prompt": "hi", "n_predict": 1, "grammar": 'root ::= a\na ::= root "x"'})
+    assert r.status_code == 400
+    msg = r.json()["error"]["message"]
+    assert "left recursion" in msg and "state" not in msg and "magic" not in msg, msg
+
+
 def test_without_slot_save_path_501(tiny_models):
     pytest.importorskip("starlette")
     pytest.importorskip("httpx")

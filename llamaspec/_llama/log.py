@@ -1,8 +1,9 @@
 """llama.cpp's backend start-up and its log lines, routed into :mod:`logging`.
 
 llama.cpp logs in fragments through one process-wide callback. :class:`_LogRouter` joins them into lines,
-hands them to the ``llamaspec.llama_cpp`` logger and keeps the last WARNING/ERROR lines, so that a failed
-load can say *why* it failed (:func:`_last_native_error`).
+hands them to the ``llamaspec.llama_cpp`` logger and keeps the last WARNING/ERROR lines of each thread, so that
+a failed call can say *why* it failed (:func:`_last_native_error`) with the lines its own thread logged: never
+another request's (a failed slot restore's line in a later grammar error).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class _LogRouter:
     """Routes llama.cpp's log lines into ``logging`` and remembers the last error lines.
 
     llama.cpp logs in fragments (level CONT = 5 continues the previous line); fragments are joined until a
-    newline. The last few WARNING/ERROR lines are kept so that a failed load can say *why* it failed.
+    newline. The last few WARNING/ERROR lines of each thread are kept (llama.cpp logs on the thread of the call
+    that fails) so that a failed call can say *why* it failed.
 
     The callback can run inside itself on one thread: any allocation in it may start the garbage collector,
     whose finalizers (an unclosed ``Llama``, a context) free native objects that log. The lock is therefore
@@ -39,7 +41,8 @@ class _LogRouter:
     def __init__(self) -> None:
         self._buf = ""
         self._level = logging.INFO
-        self.recent_errors: list[str] = []
+        #: thread ident -> its last WARNING/ERROR lines (at most KEEP threads: the oldest are forgotten)
+        self._errors: dict[int, list[str]] = {}
         self._lock = threading.RLock()
 
         @native.llama_log_callback
@@ -62,8 +65,7 @@ class _LogRouter:
                 if line.strip():
                     lines.append((self._level, line))
                     if self._level >= logging.WARNING:
-                        self.recent_errors.append(line.strip())
-                        del self.recent_errors[:-8]
+                        self._keep([line.strip()])
         for lvl, line in lines:
             self._emit(lvl, line)
 
@@ -72,10 +74,27 @@ class _LogRouter:
         if _native_log.isEnabledFor(level):
             _native_log.log(level, "%s", line)
 
-    def take_errors(self) -> list[str]:
+    KEEP = 64  # threads whose lines are kept
+
+    def _keep(self, lines: list[str], ident: int | None = None) -> None:
         with self._lock:
-            out, self.recent_errors = self.recent_errors, []
-            return out
+            key = threading.get_ident() if ident is None else ident
+            mine = self._errors.pop(key, [])  # (re-inserted: the dict's order is the threads' last lines)
+            mine.extend(lines)
+            del mine[:-8]
+            self._errors[key] = mine
+            while len(self._errors) > self.KEEP:
+                del self._errors[next(iter(self._errors))]
+
+    def take_errors(self) -> list[str]:
+        """The calling thread's remembered lines (and forget them)."""
+        with self._lock:
+            return self._errors.pop(threading.get_ident(), [])
+
+    def hand_errors(self, lines: list[str], ident: int) -> None:
+        """Lines a helper thread logged on behalf of thread ``ident`` (the RPC worker's calls)."""
+        if lines:
+            self._keep(lines, ident)
 
 
 _router = _LogRouter()
@@ -95,12 +114,14 @@ def backend_init() -> None:
 
 
 def _forget_native_errors() -> None:
-    """Drop the remembered error lines (before a call whose failure :func:`_last_native_error` explains)."""
+    """Drop this thread's remembered error lines (before a call whose failure :func:`_last_native_error`
+    explains)."""
     _router.take_errors()
 
 
 def _last_native_error(default: str = "") -> str:
-    """The most telling recent llama.cpp warning/error line ("error loading model: ..." beats "failed")."""
+    """The most telling recent llama.cpp warning/error line of this thread ("error loading model: ..." beats
+    "failed")."""
     errs = _router.take_errors()
     if not errs:
         return default

@@ -19,6 +19,7 @@ import time
 from typing import Callable, Sequence
 
 from ..errors import RpcError
+from .log import _router as _log_router
 from .rpc_ggml import ggml, setup_lock
 from .rpc_protocol import split_endpoint
 
@@ -106,6 +107,8 @@ def _worker_loop() -> None:
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             box["error"] = e
         finally:
+            # what llama.cpp logged during the call is the caller's (its error message may quote it)
+            _log_router.hand_errors(_log_router.take_errors(), box["caller"])
             done.set()
             with _state.cv:
                 _state.cv.notify_all()
@@ -130,7 +133,7 @@ def call(fn: Callable, *args, what: str = "an RPC call", timeout: float | None =
     _ensure_worker()
     if threading.current_thread() is _state.worker:
         return fn(*args)
-    box: dict = {}
+    box: dict = {"caller": threading.get_ident()}
     done = threading.Event()
     _state.jobs.put((fn, args, box, done))
     deadline = None if timeout is None else time.monotonic() + timeout

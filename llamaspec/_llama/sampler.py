@@ -10,7 +10,7 @@ from llama_cpp import llama_cpp as native
 from ..errors import LlamaSpecError, SamplerError, UsageError
 from .context import Context
 from .grammar_limits import MAX_ALTERNATIVES, alternatives_message, alternatives_over, check_gbnf
-from .log import _last_native_error
+from .log import _forget_native_errors, _last_native_error
 from .model import Model, Vocab, _Owned
 from .sampler_chain import chain_samplers
 
@@ -157,6 +157,7 @@ class Sampler(_Owned):
         """The grammar of ``params`` alone (llama.cpp's ``common_sampler`` keeps it apart from the chain)."""
         model = vocab.model  # raises when the model is closed
         check_grammar(params)
+        _forget_native_errors()  # the message below quotes this call's log lines only
         ptr = native.llama_sampler_init_grammar(
             vocab.ptr, (params.grammar or "").encode("utf-8"), params.grammar_root.encode("utf-8")
         )
@@ -178,6 +179,7 @@ class Sampler(_Owned):
         add = lambda s: native.llama_sampler_chain_add(chain, s)  # noqa: E731
         try:
             if use_grammar:
+                _forget_native_errors()
                 grammar = native.llama_sampler_init_grammar(
                     vocab.ptr, params.grammar.encode("utf-8"), params.grammar_root.encode("utf-8")
                 )

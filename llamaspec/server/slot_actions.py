@@ -65,12 +65,15 @@ async def slot_action(request: HttpRequest):
         else:
             n_tokens, n_bytes = await in_worker(lambda: restore_slot_file(eng, id_slot, path))
     except SlotFileError as e:
-        raise invalid(f"Unable to restore slot: {e}") from e
-    except (OSError, LlamaSpecError) as e:
+        raise invalid(f"Unable to restore slot: {str(e).replace(directory, '.')}") from e
+    except OSError as e:  # its message would name the server's directory: the file's name only
+        raise ApiError(500, f"Unable to {action} slot: {filename}: {e.strerror or type(e).__name__}",
+                       "server_error") from e
+    except LlamaSpecError as e:
         err = api_error(e)
         if isinstance(err, ApiError) and err.code != 500:
             raise err from e
-        raise ApiError(500, f"Unable to {action} slot: {e}", "server_error") from e
+        raise ApiError(500, f"Unable to {action} slot: {str(e).replace(directory, '.')}", "server_error") from e
     ms = (time.perf_counter() - t0) * 1e3
     if action == "save":
         return JSONResponse({"id_slot": id_slot, "filename": filename, "n_saved": n_tokens, "n_written": n_bytes,
