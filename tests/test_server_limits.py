@@ -401,3 +401,27 @@ def test_cli_defaults_are_the_servers():
     from llamaspec.server.limits import Limits
 
     assert {k: asdict(Limits())[k] for k in KEYS} == DEFAULTS
+
+
+def test_sigterm_exits_in_bounded_time_with_abandoned_work(tmp_path):
+    """SIGTERM while worker threads template prompts whose clients left (a template slow enough to run for
+    minutes): the drain finds no generation, uvicorn stops, and the process exits 0 within its deadline
+    (--shutdown-timeout + 4.5 s) instead of waiting at exit for the threads (issue 36)."""
+    from llamaspec.testing.tiny_models import write_model
+
+    target = write_model("llama", tmp_path / "llama.gguf")
+    slow = "{% for m in messages %}{% for n in messages %}{% endfor %}{{ m['content'] }}{% endfor %}"
+    s = Server(["-m", str(target), "--spec-type", "none", "-np", "1", "-c", "256", "-t", "1", "--jinja",
+                "--chat-template", slow, "--shutdown-timeout", "2"], tmp_path / "abandoned.log")
+    try:
+        body = {"messages": [{"role": "user", "content": "x"}] * 20000, "max_tokens": 1}
+        for _ in range(2):
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(s.url + "/v1/chat/completions", json=body, timeout=1.5)
+        assert httpx.get(s.url + "/health", timeout=10).status_code == 200  # the event loop is free meanwhile
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(30) == 0
+        assert time.monotonic() - t0 < 15
+    finally:
+        s.stop()

@@ -13,6 +13,8 @@ import os
 import signal
 import socket
 import stat
+import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -128,9 +130,12 @@ def serve(config: ServerConfig, loader: Callable[[], "Engine"], *, host: str = "
 
         def handle_exit(self, sig, frame) -> None:
             # SIGTERM drains (docs/limits.md): new generations get 503 while the running ones have
-            # --shutdown-timeout seconds; a second SIGTERM stops at once. SIGINT stops as before.
+            # --shutdown-timeout seconds; a second SIGTERM stops at once. SIGINT stops as before. Either way
+            # the process is gone within a bound, whatever is still running (_Deadline).
             if drain.begin(sig, self):
+                deadline.arm(config.limits.shutdown_timeout + _Drain.GRACE + GRACEFUL_S + 0.5)
                 return
+            deadline.arm(GRACEFUL_S + 2.0)
             if drain.started is not None:
                 self.should_exit = self.force_exit = True
                 state.cancel_all()
@@ -143,6 +148,7 @@ def serve(config: ServerConfig, loader: Callable[[], "Engine"], *, host: str = "
 
     state = ServerState(config)
     drain = _Drain(state, config.limits.shutdown_timeout)
+    deadline = _Deadline()
     app = create_app(state, loader=loader)
     limits = config.limits
     server = _Server(uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
@@ -172,6 +178,38 @@ def serve(config: ServerConfig, loader: Callable[[], "Engine"], *, host: str = "
             state.shutdown()
     if state.load_error is not None:
         raise state.load_error
+
+
+class _Deadline:
+    """The bound on a stop: once a signal asked the server to stop, the process exits (status 0) at the latest
+    ``seconds`` later, even when a worker thread is still busy with work nobody waits for any more (templating
+    or tokenising a huge abandoned prompt: a thread cannot be interrupted, and the interpreter would wait for it
+    at exit). An earlier deadline replaces a later one."""
+
+    def __init__(self):
+        self.at: float | None = None
+        self._lock = threading.Lock()
+
+    def arm(self, seconds: float) -> None:
+        with self._lock:
+            at = time.monotonic() + seconds
+            if self.at is not None and self.at <= at:
+                return
+            self.at = at
+        threading.Thread(target=self._wait, args=(at,), name="llamaspec-stop-deadline", daemon=True).start()
+
+    def _wait(self, at: float) -> None:
+        time.sleep(max(0.0, at - time.monotonic()))
+        if self.at != at:  # replaced by an earlier one
+            return
+        with contextlib.suppress(Exception):
+            log.warning("the stop's deadline passed with work still running: exiting now")
+            for h in logging.getLogger().handlers + log.handlers:
+                h.flush()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
 
 
 class _Drain:
