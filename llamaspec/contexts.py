@@ -174,7 +174,8 @@ def build_parts(
                       kv_f32=kv_f32)
         ctx = own(llama.Context(model, llama.ContextParams(
             n_rs_seq=spec.need_n_rs_seq() if n_rs_seq is None else n_rs_seq,
-            n_outputs_max=n_out, n_outputs_max_per_seq=n_out_seq, **common)))
+            n_outputs_max=n_out, n_outputs_max_per_seq=n_out_seq,
+            extra=dict(getattr(model, "context_params", {})), **common)))
         parts = EngineParts(model, ctx, can_seq_rm(ctx) if speculating else Level.PART, owned=owned)
         if speculating and parts.tgt_level is Level.NO:
             log.warning("the target context has no memory to roll back (level NO): speculative decoding is off")

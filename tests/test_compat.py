@@ -67,8 +67,8 @@ def test_unsupported_arguments_warn_or_refuse(tiny):
         Llama(tiny[0], embedding=True)
     with pytest.raises(ValueError, match="Model path does not exist"):
         Llama("/nonexistent/model.gguf")
-    with pytest.warns(CompatWarning, match="rope_freq_base"):
-        Llama(tiny[0], rope_freq_base=10000.0, **KW).close()
+    with pytest.warns(CompatWarning, match="yarn_ext_factor"):
+        Llama(tiny[0], yarn_ext_factor=0.5, **KW).close()
     with pytest.warns(CompatWarning, match="type_k=8"):
         Llama(tiny[0], type_k=8, type_v=8, **KW).close()
     with warnings.catch_warnings():

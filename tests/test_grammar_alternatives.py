@@ -54,7 +54,7 @@ def test_json_schemas_count_their_enums_and_nothing_much_else():
     assert open_alternatives(JSON_GRAMMAR) < 16
     person = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                                "tags": {"type": "array", "items": {"type": "string"}}}}
-    assert open_alternatives(json_schema_to_grammar(person)) < 8
+    assert open_alternatives(json_schema_to_grammar(person)) < 12  # llama-server's whitespace: 3 ways at each space
 
 
 def test_deep_and_long_grammars_are_read_without_recursion():

@@ -11,7 +11,7 @@ raises :class:`~llamaspec.errors.LlamaSpecError` instead of handing a NULL point
   :class:`Memory` (a context's sequence operations); :mod:`.token_batch` - the hot loop's token batch
 * :mod:`.sampler` - :class:`SamplingParams`, :class:`Sampler`; :mod:`.sampler_chain` - llama.cpp's sampler order
 * :mod:`.staging` - the staging (``llama-ext.h``) symbols, bound by exported name
-* :mod:`.json_schema` - :func:`json_schema_to_grammar` (JSON schema -> GBNF, llama-cpp-python's converter)
+* :mod:`.json_schema` - :func:`json_schema_to_grammar` (JSON schema -> GBNF, llama-server's converter; llama-cpp-python's on request)
 * :mod:`.state_file` - sequence-state files (llama-server's slot files)
 * :mod:`.rpc` - llama.cpp's RPC backend (``ggml-rpc-server`` devices for model loading), bound by name
 

@@ -1,9 +1,14 @@
-"""JSON schema -> GBNF grammar through llama-cpp-python's ``json_schema_to_gbnf`` (pure Python, the port of
-llama.cpp's ``json-schema-to-grammar``). Remote ``$ref`` fetching stays off: a schema can only refer to itself.
+"""JSON schema -> GBNF grammar: llama-server's (:mod:`.schema_grammar`, the rules of the pinned llama.cpp's
+``json-schema-to-grammar``), or llama-cpp-python's older ``json_schema_to_gbnf`` (``llama_cpp.Llama``'s, for the
+Python drop-in). Remote ``$ref`` fetching stays off: a schema can only refer to itself.
 
 >>> print(json_schema_to_grammar({"const": "42"}).splitlines()[0])
 root ::= "\\"42\\""
 >>> json_schema_to_grammar({"type": "hiccup"})
+Traceback (most recent call last):
+...
+ValueError: JSON schema error at #: unrecognized type hiccup
+>>> json_schema_to_grammar({"type": "hiccup"}, converter="llama-cpp-python")
 Traceback (most recent call last):
 ...
 ValueError: Unrecognized schema: {'type': 'hiccup'}
@@ -16,15 +21,24 @@ from typing import Any
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from .grammar_limits import check_schema
+from .schema_grammar import json_schema_grammar
 
 __all__ = ["json_schema_to_grammar"]
 
 
-def json_schema_to_grammar(schema: Any) -> str:
-    """The GBNF grammar of ``schema`` (a JSON object); :class:`ValueError` saying what is wrong with it."""
+def json_schema_to_grammar(schema: Any, converter: str = "llama-server") -> str:
+    """The GBNF grammar of ``schema`` (a JSON object); :class:`ValueError` saying what is wrong with it.
+    ``converter``: ``"llama-server"`` (the grammar llama-server builds) or ``"llama-cpp-python"``."""
     if not isinstance(schema, dict):
         raise ValueError(f"a JSON schema is an object, got {type(schema).__name__}")
     check_schema(schema)  # the converter writes every repetition out: a huge count would cost the process
+    if converter == "llama-server":
+        try:
+            return json_schema_grammar(schema)
+        except ValueError as e:  # llama-server's message
+            raise ValueError(str(e)) from None
+        except RecursionError:
+            raise ValueError("the schema nests (or refers to itself) too deeply") from None
     try:
         return json_schema_to_gbnf(json.dumps(schema))
     except RecursionError:

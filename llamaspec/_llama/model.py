@@ -186,6 +186,9 @@ class Model(_Owned):
         self._pending_free = None  # the native pointer, once closed while users remain
         self._lifetime_lock = threading.RLock()  # RLock: a finalizer may run while this thread holds it
         self.rpc_servers: tuple[str, ...] = ()
+        #: llama_context_params fields the engine's target context of this model gets (``rope_freq_base``,
+        #: ``rope_freq_scale``: llama_cpp.Llama's arguments; 0 = the model's own)
+        self.context_params: dict = {}
         backend_init()
         self.path = Path(path)
         _check_gguf_magic(self.path)

@@ -31,11 +31,16 @@ LLAMA_CPP_DEFAULTS: dict[str, Any] = {
     "embedding": False, "offload_kqv": True, "op_offload": None, "swa_full": None, "no_perf": False,
     "lora_base": None, "lora_scale": 1.0, "lora_path": None, "numa": False, "tokenizer": None,
     "spm_infill": False,
+    # not llama_cpp.Llama's any more, swallowed by its **kwargs: LangChain's LlamaCpp / ChatLlamaCpp always pass them
+    "n_parts": -1, "f16_kv": True,
 }
 #: those whose other values would change what the model computes in a way llamaspec cannot follow
 REFUSE = {"kv_overrides", "embedding", "lora_base", "lora_path", "tokenizer"}
-#: those that only concern speed or memory, and ``spm_infill`` (honoured by ``suffix``): any value is accepted silently
-SILENT = {"use_mlock", "numa", "no_perf", "swa_full", "op_offload", "offload_kqv", "spm_infill"}
+#: those that only concern speed or memory, ``spm_infill`` (honoured by ``suffix``), the RoPE frequency base and
+#: scale (honoured: the target context's, as llama_cpp.Llama's context gets them) and the old ``n_parts`` /
+#: ``f16_kv`` that llama_cpp.Llama swallows: any value is accepted silently
+SILENT = {"use_mlock", "numa", "no_perf", "swa_full", "op_offload", "offload_kqv", "spm_infill",
+          "rope_freq_base", "rope_freq_scale", "n_parts", "f16_kv"}
 #: every argument the drop-in's constructor names itself (for the "did you mean" of an unknown one)
 OWN = ("model_path", "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "vocab_only", "use_mmap", "seed",
        "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "logits_all", "flash_attn",

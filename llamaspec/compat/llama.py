@@ -13,8 +13,9 @@ from models.toml, a :class:`~llamaspec.compat.draft.DraftModel`, a llamaspec
 :class:`~llamaspec.drafters.base.Drafter`, or any llama-cpp-python ``LlamaDraftModel`` such as
 ``LlamaPromptLookupDecoding``), ``spec`` (:class:`~llamaspec.params.SpecParams`), ``verify`` (``"match"`` or
 ``"rejection"``) and ``n_parallel`` (concurrent completions from several threads, each with ``n_ctx``).
-Other llama-cpp-python arguments are accepted, warned about or refused by :mod:`.args`; a name neither
-knows is a ``TypeError``.
+Other llama-cpp-python arguments are accepted, warned about or refused by :mod:`.args` (``rope_freq_base`` /
+``rope_freq_scale`` are honoured; LangChain's ``n_parts`` / ``f16_kv`` are accepted silently, as llama_cpp.Llama
+does); a name neither knows is a ``TypeError``.
 
 Completions and chats sample at llama-cpp-python's defaults (temperature 0.8, top-p 0.95, top-k 40, min-p
 0.05; chats at 0.2) and return its dictionaries; chats go through llama-cpp-python's own chat handlers
@@ -114,9 +115,16 @@ class Llama(TokenAPI):
         placement = dict(main_gpu=main_gpu or None, split_mode=lcp.split_mode_name(split_mode),
                          tensor_split=list(tensor_split) if tensor_split is not None else None)
         model = llama.Model(path, n_gpu_layers=ngl, use_mmap=use_mmap, vocab_only=vocab_only, **placement)
+        # llama_cpp.Llama hands these to its context (0: the model's own)
+        model.context_params.update({k: float(kwargs[k]) for k in ("rope_freq_base", "rope_freq_scale")
+                                     if kwargs.get(k)})
         self._owned_model = model
         self._model = model
         self._vocab = model.vocab
+        from .tokenizer import LlamaTokenizer
+
+        #: llama_cpp.Llama's tokenizer (outlines' from_llamacpp reads the vocabulary through it)
+        self.tokenizer_ = LlamaTokenizer(self)
         self._special = lcp.special_tokens(model)
         self.metadata = lcp.metadata(model)
         if n_ctx == 0:
@@ -206,6 +214,13 @@ class Llama(TokenAPI):
         if len(tokens) and int(tokens[0]) == self._vocab.bos and out[:1] == b" ":
             out = out[1:]
         return out
+
+    def tokenizer(self):
+        """``llama_cpp.Llama.tokenizer``: a new llama-cpp-python ``LlamaTokenizer`` of this model
+        (:class:`~llamaspec.compat.tokenizer.LlamaTokenizer`)."""
+        from .tokenizer import LlamaTokenizer
+
+        return LlamaTokenizer(self)
 
     def n_ctx(self) -> int:
         return self._n_ctx

@@ -24,7 +24,8 @@ __all__ = ["JSON_GRAMMAR", "parse_grammar", "parse_logit_bias", "check_alternati
 
 I32_MAX = (1 << 31) - 1
 
-#: llama.cpp's ``grammars/json.gbnf`` (MIT): ``response_format: {"type": "json_object"}``
+#: llama.cpp's ``grammars/json.gbnf`` (MIT): any JSON object (``response_format: {"type": "json_object"}`` is
+#: the grammar of the schema ``{"type": "object"}`` instead, as llama-server builds it)
 JSON_GRAMMAR = r'''root   ::= object
 value  ::= object | array | string | number | ("true" | "false" | "null") ws
 object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
@@ -63,7 +64,7 @@ def check_alternatives(key: str, grammar: str | None, limit: int) -> None:
 def parse_grammar(b: Any, max_alternatives: int = 0) -> str | None:
     """``grammar`` (GBNF), or the grammar of a JSON schema: the top-level ``json_schema``, ``response_format``
     ``{"type": "json_schema", "json_schema": {"schema": ...}}`` or ``{"type": "json_object", "schema": ...}``
-    (``{"type": "json_object"}`` alone: any JSON object); either checked against ``max_alternatives``
+    (``{"type": "json_object"}`` alone: any JSON object, the schema ``{"type": "object"}`` as llama-server has it); either checked against ``max_alternatives``
     (:func:`check_alternatives`)."""
     grammar, grammar_key = b.str("grammar"), "grammar"
     schema_key, schema = b.get("json_schema")
@@ -73,8 +74,8 @@ def parse_grammar(b: Any, max_alternatives: int = 0) -> str | None:
         if t in (None, "text"):
             pass
         elif t == "json_object" and rf.get("schema") is None:
-            if schema is None and not grammar:
-                grammar, grammar_key = JSON_GRAMMAR, "response_format"
+            if schema is None and not grammar:  # llama-server: the grammar of the schema {"type": "object"}
+                schema_key, schema = "response_format", {"type": "object"}
         elif t == "json_object":
             schema_key, schema = "response_format.schema", rf["schema"]
         elif t == "json_schema":

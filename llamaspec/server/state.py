@@ -25,6 +25,13 @@ __all__ = ["ServerConfig", "ServerState"]
 
 log = logging.getLogger("llamaspec.server")
 
+#: chatml (``<|im_start|>role\ncontent<|im_end|>\n``, then the assistant's opening) as a Jinja template: the
+#: template under ``--jinja`` of a model without one, and of ``--chat-template chatml``, as llama-server has it
+CHATML_JINJA = ("{%- for message in messages -%}"
+                "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+                "{%- endfor -%}"
+                "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+
 
 @dataclass
 class ServerConfig:
@@ -101,6 +108,8 @@ class ServerState:
             log.warning("the model has no chat template: /v1/chat/completions uses chatml (as llama-server); "
                         "--chat-template NAME|TEMPLATE to choose one")
             tmpl = "chatml"
+        if tmpl == "chatml" and self.config.jinja:  # llama-server: chatml as a Jinja template (tools work)
+            tmpl = CHATML_JINJA
         apply_chat_template(engine.model, [{"role": "user", "content": "x"}], template=tmpl)  # fails early
         self.chat_template = tmpl
         engine.start()
