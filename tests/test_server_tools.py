@@ -303,6 +303,45 @@ def test_http_400s(server):
     assert r.status_code == 400 and "tools" in r.json()["error"]["message"]
 
 
+NESTED = [{"type": "function", "function": {"name": "get_weather", "parameters": {  # as pydantic writes a nested model
+    "type": "object", "properties": {"place": {"$ref": "#/$defs/Place"}}, "required": ["place"],
+    "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                        "required": ["city"]}}}}}]
+CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
+TREE = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {
+    "v": {"type": "integer", "minimum": 0, "maximum": 9},
+    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}}, "required": ["v"]}}}
+
+
+def test_forced_call_of_a_tool_with_defs(server):
+    """``#/$defs/...`` in a tool's parameters resolves once the parameters sit under ``arguments`` (issue 36)."""
+    c, eng = server
+    r = c.post("/v1/chat/completions", json={"messages": ASK, "tools": NESTED, "tool_choice": "required",
+                                             "max_tokens": 48, "temperature": 0})
+    assert r.status_code == 200, r.text
+    calls = r.json()["choices"][0]["message"]["tool_calls"]
+    args = json.loads(calls[0]["function"]["arguments"])
+    assert isinstance(args["place"]["city"], str)
+
+
+def test_ref_cycles_are_400_and_recursive_schemas_generate(server):
+    c, eng = server
+    cyc_tool = [{"type": "function", "function": {"name": "f", "parameters": CYCLE}}]
+    r = c.post("/v1/chat/completions", json={"messages": ASK, "tools": cyc_tool, "tool_choice": "required",
+                                             "max_tokens": 8})
+    assert r.status_code == 400, r.text
+    r = c.post("/completion", json={"prompt": "hi", "json_schema": CYCLE, "n_predict": 4})
+    assert r.status_code == 400, r.text
+    r = c.post("/completion", json={"prompt": "A tree as JSON:", "json_schema": TREE, "n_predict": 24,
+                                    "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"].lstrip().startswith("{")
+    tree_tool = [{"type": "function", "function": {"name": "f", "parameters": TREE}}]
+    r = c.post("/v1/chat/completions", json={"messages": ASK, "tools": tree_tool, "tool_choice": "required",
+                                             "max_tokens": 24, "temperature": 0})
+    assert r.status_code == 200, r.text
+
+
 def test_auto_parses_a_hermes_call_with_text_before_it_stream_and_not(server):
     """``tool_choice`` auto: the model's own ``<tool_call>`` (a grammar makes SmolLM2 write one) is parsed."""
     c, _ = server

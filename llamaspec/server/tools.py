@@ -73,31 +73,71 @@ class ToolSpec:
 
     def call_schema(self) -> dict:
         """The JSON schema of the output under a forced choice: ``{"name", "arguments"}`` of one of the
-        (allowed) tools, a non-empty list of them with ``parallel_tool_calls``."""
-        alts = []
-        for t in self.tools:
+        (allowed) tools, a non-empty list of them with ``parallel_tool_calls``. A tool whose ``parameters``
+        refers into itself (``#/$defs/...``: any pydantic model with a nested one, a recursive schema) moves to
+        the top-level ``$defs`` as ``tool<i>``, its references rebased there, so they resolve where it is now.
+
+        >>> spec = parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        ...     "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "string"}}}}}],
+        ...     "tool_choice": "required"})
+        >>> s = spec.call_schema()
+        >>> s["properties"]["arguments"], s["$defs"]["tool0"]["properties"]["p"]
+        ({'$ref': '#/$defs/tool0'}, {'$ref': '#/$defs/tool0/$defs/P'})
+        """
+        alts, defs = [], {}
+        for i, t in enumerate(self.tools):
             f = t["function"]
             if self.choice == "function" and f["name"] != self.name:
                 continue
             params = f.get("parameters") or {"type": "object"}
+            if _has_local_ref(params):
+                defs[f"tool{i}"] = _rebased(params, f"/$defs/tool{i}")
+                params = {"$ref": f"#/$defs/tool{i}"}
             alts.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": params},
                          "required": ["name", "arguments"], "additionalProperties": False})
         one = alts[0] if len(alts) == 1 else {"oneOf": alts}
-        return {"type": "array", "items": one, "minItems": 1} if self.parallel is True else one
+        out = {"type": "array", "items": one, "minItems": 1} if self.parallel is True else one
+        return {**out, "$defs": defs} if defs else out
 
     def grammar(self, to_grammar: Callable[[Any], str]) -> str:
         """The GBNF of :meth:`call_schema` (``to_grammar``: JSON schema -> GBNF, ValueError when it cannot);
         a 400 naming the tool whose ``parameters`` is not a schema llamaspec can follow."""
         try:
             return to_grammar(self.call_schema())
-        except ValueError:
-            for i, t in enumerate(self.tools):
-                try:
-                    to_grammar(t["function"].get("parameters") or {"type": "object"})
-                except ValueError as e:
-                    raise invalid(f"Field 'tools[{i}].function.parameters': not a JSON schema llamaspec can "
-                                  f"follow: {e}") from None
-            raise
+        except ValueError as e:
+            whole = e
+        for i, t in enumerate(self.tools):
+            try:
+                to_grammar(t["function"].get("parameters") or {"type": "object"})
+            except ValueError as e:
+                raise invalid(f"Field 'tools[{i}].function.parameters': not a JSON schema llamaspec can "
+                              f"follow: {e}") from None
+        raise invalid(f"Field 'tools': the forced call's schema is not one llamaspec can follow: {whole}")
+
+
+def _local_refs(node: Any) -> Iterator[dict]:
+    """Every object of ``node`` (a JSON value) whose ``$ref`` points into its own document (``#...``)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, dict):
+            if isinstance(n.get("$ref"), str) and n["$ref"].startswith("#"):
+                yield n
+            stack.extend(n.values())
+        elif isinstance(n, list):
+            stack.extend(n)
+
+
+def _has_local_ref(schema: Any) -> bool:
+    return next(_local_refs(schema), None) is not None
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """A copy of ``schema`` whose references into itself point at it under ``base`` (a JSON pointer)."""
+    out = json.loads(json.dumps(schema))
+    for n in _local_refs(out):
+        n["$ref"] = "#" + base + n["$ref"][1:]
+    return out
 
 
 def _check_tool(i: int, t: Any) -> dict:
