@@ -240,12 +240,12 @@ def test_chat_prompt_prefill_and_continuation():
     two at the end, or add_generation_prompt with continue_final_message, are a 400."""
     from types import SimpleNamespace
 
+    from llamaspec.chat import ChatTemplate
     from llamaspec.server.chat_prompt import chat_prompt
     from llamaspec.server.errors import ApiError
     from llamaspec.server.state import ServerConfig
 
-    state = SimpleNamespace(config=ServerConfig(), chat_template="chatml",
-                            need_engine=lambda: SimpleNamespace(model=None))
+    state = SimpleNamespace(config=ServerConfig(), chat_template="chatml", chat=ChatTemplate("chatml"))
     user = {"role": "user", "content": "Hi"}
     text = chat_prompt(state, {}, [user])
     assert text.endswith("<|im_start|>assistant\n")

@@ -17,7 +17,7 @@ from .model import Model
 
 __all__ = [
     "JSON_GBNF", "LlamaDraftModel", "LlamaGrammar", "LlamaPromptLookupDecoding", "chat_handler_for",
-    "grammar_text", "guess_chat_format", "jinja_chat_handler", "json_schema_grammar", "metadata",
+    "formatter_chat_handler", "grammar_text", "guess_chat_format", "jinja_chat_handler", "json_schema_grammar", "metadata",
     "special_tokens", "model_kind", "fim_tokens", "GGML_TYPE_F16", "GGML_TYPE_F32", "split_mode_name", "DEFAULT_SEED",
 ]
 
@@ -96,6 +96,24 @@ def jinja_chat_handler(template: str, *, eos_token: str, bos_token: str, eos_tok
     fmt = _chat_format.Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token,
                                            stop_token_ids=[eos_token_id])
     return fmt.to_chat_handler()
+
+
+def formatter_chat_handler(render: Callable[..., str], *, eos_token: str, eos_token_id: int) -> Callable[..., Any]:
+    """A chat handler like :func:`jinja_chat_handler`'s (stop at the ``eos_token`` text and at token
+    ``eos_token_id``), whose prompt is ``render(messages, tools=..., functions=..., function_call=...,
+    tool_choice=..., **template_kwargs)``: text that is tokenised with the vocabulary's own BOS/EOS
+    (``llama.tokenize(add_bos=True, special=True)``), so ``render`` applies llama.cpp's BOS rule."""
+    from llama_cpp import llama as _llama_high
+
+    def stop_on_eos(tokens, logits) -> bool:
+        return tokens[-1] == eos_token_id
+
+    def formatter(*, messages, **kwargs):
+        return _chat_format.ChatFormatterResponse(
+            prompt=render(messages, **kwargs), stop=[eos_token],
+            stopping_criteria=_llama_high.StoppingCriteriaList([stop_on_eos]), added_special=False)
+
+    return _chat_format.chat_formatter_to_chat_completion_handler(formatter)
 
 
 def guess_chat_format(meta: dict[str, str]) -> str | None:

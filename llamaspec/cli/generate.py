@@ -131,7 +131,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
     the full statistics, -q for none.
     """
     from llamaspec import DEFAULT_SEED, SamplingParams
-    from llamaspec.chat import apply_chat_template
+    from llamaspec.chat import TOKENIZE, ChatTemplate
     from llamaspec.engine import Engine
     from llamaspec.errors import UsageError
 
@@ -170,10 +170,12 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
     use_color = out.isatty() if color is None else color
     with Engine(path, draft=dpath, spec=spec, verify=verify, n_ctx=ctx_size, n_batch=batch_size,
                 n_parallel=n_parallel, **device) as eng:
+        template = ChatTemplate.of_model(eng.model) if chat else None  # serve's rendering (llamaspec.chat)
+
         def encode(text: str) -> list[int]:
-            if chat:
+            if template is not None:
                 msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": text}]
-                return eng.tokenize(apply_chat_template(eng.model, msgs), add_special=True, parse_special=True)
+                return eng.tokenize(template.render(msgs), **TOKENIZE)
             return eng.tokenize(text)
 
         token_lists = [encode(p) for p in prompts]

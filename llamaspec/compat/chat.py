@@ -17,6 +17,8 @@ import json
 from typing import Any, Iterator
 
 from .._llama import compat as lcp
+from .._llama.grammar_limits import check_schema
+from ..chat import ChatTemplate
 from .completion import REPORT_KEY
 
 __all__ = ["ChatHandlers"]
@@ -27,23 +29,24 @@ DEFAULT_TEMPLATE = "chat_template.default"
 class ChatHandlers:
     def __init__(self, llm: Any):
         self.llm = llm
-        vocab = llm._vocab
-        eos, bos = vocab.eos, vocab.bos
-        eos_text = vocab.get_text(eos).decode("utf-8", "replace") if eos != -1 else ""
-        bos_text = vocab.get_text(bos).decode("utf-8", "replace") if bos != -1 else ""
         meta = llm.metadata
         templates = {k[len("tokenizer."):]: v for k, v in meta.items() if k.startswith("tokenizer.chat_template.")}
         if "tokenizer.chat_template" in meta:
             templates[DEFAULT_TEMPLATE] = meta["tokenizer.chat_template"]
         self.templates = templates
         self._handlers: dict[str, Any] = {}
-        self._eos, self._eos_text, self._bos_text = eos, eos_text, bos_text
 
     def _template_handler(self, name: str):
+        """The handler of a GGUF template: the server's and the CLI's rendering (:class:`llamaspec.chat.ChatTemplate`,
+        compiled once, llama.cpp's BOS rule), in llama-cpp-python's handler (its tool/grammar handling)."""
         h = self._handlers.get(name)
         if h is None and name in self.templates:
-            h = lcp.jinja_chat_handler(self.templates[name], eos_token=self._eos_text, bos_token=self._bos_text,
-                                       eos_token_id=self._eos)
+            chat = ChatTemplate(self.templates[name], self.llm._vocab, name=f"chat_format {name!r}")
+
+            def render(messages, *, tools=None, **kwargs):
+                return chat.render_jinja(messages, add_assistant=True, tools=tools, **kwargs)
+
+            h = lcp.formatter_chat_handler(render, eos_token=chat.eos_text, eos_token_id=self.llm._vocab.eos)
             self._handlers[name] = h
         return h
 
@@ -72,8 +75,10 @@ class ChatHandlers:
         """``llama_cpp.Llama.create_chat_completion``'s arguments and defaults, handed to the chat handler."""
         if response_format is not None and response_format.get("type") == "json_schema":
             schema = (response_format.get("json_schema") or {}).get("schema", {})
+            check_schema(schema)  # the server's limits: a 1e9 minItems is a ValueError, not the process's memory
             grammar = lcp.LlamaGrammar.from_string(lcp.json_schema_grammar(json.dumps(schema)), verbose=False)
             response_format = None
+        _check_schemas(response_format, tools, tool_choice)
         self.llm._last_report = None
         out = self.handler()(
             llama=self.llm, messages=messages, functions=functions, function_call=function_call, tools=tools,
@@ -96,3 +101,16 @@ class ChatHandlers:
                 ch = dict(ch)
                 ch[REPORT_KEY] = self.llm._last_report
             yield ch
+
+
+def _check_schemas(response_format: "dict | None", tools: "list | None", tool_choice: Any) -> None:
+    """The server's JSON-schema limits (:func:`llamaspec._llama.grammar_limits.check_schema`) on the schemas
+    llama-cpp-python's handler turns into grammars itself: ``response_format``'s ``schema`` and a forced tool's
+    ``parameters``. :class:`ValueError` when one is over them."""
+    if isinstance(response_format, dict) and response_format.get("schema") is not None:
+        check_schema(response_format["schema"])
+    if isinstance(tool_choice, dict) and tools:
+        for t in tools:
+            fn = t.get("function") if isinstance(t, dict) else None
+            if isinstance(fn, dict) and fn.get("parameters") is not None:
+                check_schema(fn["parameters"])

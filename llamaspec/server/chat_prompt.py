@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import _llama as llama
-from .._llama.chat_template import render_jinja_chat_template
-from ..chat import apply_chat_template
+from ..chat import ChatTemplate
 from ..errors import UsageError
 from .errors import invalid
 from .tools import parse_tools
@@ -18,39 +16,22 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["chat_prompt", "render"]
 
 
-def _piece(vocab, token: int) -> str:
-    return vocab.token_to_piece(token, special=True).decode("utf-8", "replace") if token is not None and token >= 0 else ""
-
-
-def _is_jinja(template: str) -> bool:
-    return "{%" in template or "{{" in template
+def _chat(state: "ServerState") -> ChatTemplate:
+    chat = state.chat
+    if chat is None:
+        state.need_engine()  # 503 while loading
+        raise invalid("the server has no chat template")
+    return chat
 
 
 def render(state: "ServerState", messages: list[dict[str, str]], add_assistant: bool,
            tools: list[dict] | None = None) -> str:
-    """``messages`` through the server's template: a Jinja template with Jinja first under ``--jinja``
-    (llama-server's default), else llama.cpp's built-in matcher first (then Jinja). ``tools``: the template's
-    ``tools`` (Jinja only)."""
-    eng = state.need_engine()
-    tmpl = state.chat_template
+    """``messages`` through the server's template (:meth:`llamaspec.chat.ChatTemplate.render`: Jinja first under
+    ``--jinja``, llama.cpp's BOS rule); ``tools``: the template's ``tools`` (Jinja only)."""
     try:
-        if state.config.jinja and tmpl is not None and _is_jinja(tmpl):
-            vocab = eng.model.vocab
-            try:
-                return render_jinja_chat_template(tmpl, messages, eos_token=_piece(vocab, vocab.eos),
-                                                  bos_token=_piece(vocab, vocab.bos), add_assistant=add_assistant,
-                                                  tools=tools)
-            except Exception:  # noqa: BLE001 - a template Jinja cannot render: the built-in matcher may know it
-                text = None if tools else llama.render_builtin_chat_template(tmpl, messages,
-                                                                             add_assistant=add_assistant)
-                if text is None:
-                    raise
-                return text
-        return apply_chat_template(eng.model, messages, template=tmpl, add_assistant=add_assistant)
+        return _chat(state).render(messages, add_assistant=add_assistant, tools=tools)
     except UsageError as e:
         raise invalid(str(e)) from None
-    except Exception as e:  # noqa: BLE001 - Jinja's own errors (raise_exception in a template, ...)
-        raise invalid(f"could not apply the chat template: {e}") from None
 
 
 def _flag(data: dict, name: str, default: Any) -> Any:
@@ -96,8 +77,7 @@ def chat_prompt(state: "ServerState", data: dict, messages: list[dict[str, str]]
 
 def _jinja_mode(state: "ServerState") -> bool:
     """The server renders its template with Jinja (``--jinja`` and a Jinja template)."""
-    tmpl = state.chat_template
-    return bool(state.config.jinja and tmpl is not None and _is_jinja(tmpl))
+    return state.chat is not None and state.chat.jinja
 
 
 def _prefill_text(data: dict, parsed: str) -> str:

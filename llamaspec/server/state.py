@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from ..chat import apply_chat_template
+from ..chat import ChatTemplate
 from ..malloc import Trimmer
 from .errors import unavailable
 from .jobs import Dispatcher, JobGroup
@@ -82,6 +82,8 @@ class ServerState:
         self.engine: "Engine | None" = None
         self.load_error: BaseException | None = None
         self.chat_template: str | None = None
+        #: the chat template every chat route renders with (:class:`llamaspec.chat.ChatTemplate`)
+        self.chat: ChatTemplate | None = None
         self.groups: set[JobGroup] = set()
         #: generations queued or running (``--max-queued-generations``)
         self.admission = Admission(config.limits)
@@ -110,8 +112,10 @@ class ServerState:
             tmpl = "chatml"
         if tmpl == "chatml" and self.config.jinja:  # llama-server: chatml as a Jinja template (tools work)
             tmpl = CHATML_JINJA
-        apply_chat_template(engine.model, [{"role": "user", "content": "x"}], template=tmpl)  # fails early
+        chat = ChatTemplate.of_model(engine.model, tmpl, jinja=self.config.jinja)  # compiled once, on first use
+        chat.render([{"role": "user", "content": "x"}])  # fails early
         self.chat_template = tmpl
+        self.chat = chat
         engine.start()
         self.dispatcher = Dispatcher(engine, self.trimmer)
         self.dispatcher.start()

@@ -41,6 +41,8 @@ class Vocab:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     add_bos_token: bool | None = None
+    #: ``tokenizer.chat_template`` (None: the model has none)
+    chat_template: str | None = None
 
     def texts(self, n_vocab: int) -> list[str]:
         return [("tok_{i}" if i < self.n_common else self.token_format).format(i=i) for i in range(n_vocab)]
@@ -158,6 +160,8 @@ def _base(m: _Model, n_layer: int, name: str, vocab: Vocab) -> None:
         m.u32("tokenizer.ggml.eos_token_id", vocab.eos_token_id)
     if vocab.add_bos_token is not None:
         m.flag("tokenizer.ggml.add_bos_token", vocab.add_bos_token)
+    if vocab.chat_template is not None:
+        m.string("tokenizer.chat_template", vocab.chat_template)
 
 
 def _attn_kv(m: _Model, n_ff: bool = True) -> None:

@@ -189,7 +189,7 @@ def write_model(kind: str, path: str | os.PathLike[str], *, seed: int | None = N
     second stream, so ``llama-draft`` = ``llama`` + noise). ``overrides`` may set any :class:`Dims`
     field (``n_vocab``, ``n_embd``, ``n_head``, ``n_ff``, ``n_ctx``, ``std``, ``norm_eps``), any
     :class:`Vocab` field (``token_format``, ``n_common``, ``bos_token_id``, ``eos_token_id``,
-    ``add_bos_token``), ``noise``/``noise_seed``, or an architecture parameter (e.g. ``n_layer``,
+    ``add_bos_token``, ``chat_template``), ``noise``/``noise_seed``, or an architecture parameter (e.g. ``n_layer``,
     ``n_swa``, ``l_cache``, ``n_trunk``, ``n_nextn``, ``target_layers``, ``block_size``, ``own_head``).
     The file is written atomically (temporary file + rename) and is byte-identical for identical
     arguments.
