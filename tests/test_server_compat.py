@@ -253,6 +253,22 @@ def test_responses_bad_input_is_400(client, body, what):
     _bad(client.post("/v1/responses", json=body), what)
 
 
+@pytest.mark.parametrize("key", ["n", "n_cmpl"])
+def test_responses_answer_once_whatever_the_n_key(client, engine, key):
+    """One answer per request: ``n_cmpl`` (the alias the chat path reads) is refused as ``n`` is, before any
+    generation is submitted (it was a 200 with 16 generations and 16 ``response.completed`` events)."""
+    submitted = []
+    orig = engine.submit
+    engine.submit = lambda *a, **kw: submitted.append(1) or orig(*a, **kw)
+    try:
+        for stream in (False, True):
+            _bad(client.post("/v1/responses", json={"input": "hi", key: 16, "stream": stream,
+                                                    "max_output_tokens": 1}), f"Field '{key}'")
+    finally:
+        del engine.submit
+    assert submitted == []
+
+
 # ---------------------------------------------------------------------------------------------------
 # /cors-proxy
 # ---------------------------------------------------------------------------------------------------

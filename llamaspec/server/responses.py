@@ -226,9 +226,10 @@ def to_chat(body: dict) -> dict:
         rf = _response_format(text.get("format"))
         if rf is not None and out.get("response_format") is None:
             out["response_format"] = rf
-    n = out.get("n")
-    if n is not None and n != 1:
-        raise invalid("Field 'n': the Responses API gives one answer per request")
+    for key in ("n", "n_cmpl"):  # n_cmpl: the alias the chat path reads too
+        n = out.get(key)
+        if n is not None and (isinstance(n, bool) or n != 1):
+            raise invalid(f"Field '{key}': the Responses API gives one answer per request")
     return out
 
 
