@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -29,7 +30,7 @@ def srv(tmp_path_factory):
     d = tmp_path_factory.mktemp("http")
     target = write_model("llama", d / "llama.gguf")
     s = Server(["-m", str(target), "--spec-type", "none", "-np", "2", "-c", "512", "-t", "1", "--api-key", KEY,
-                *LIMITS], d / "server.log")
+                "--chat-template", "chatml", *LIMITS], d / "server.log")
     yield s
     s.stop()
     assert s.proc.returncode == 0, s.log.read_text()
@@ -219,3 +220,38 @@ def test_routes_need_the_key(srv, path):
     assert str(srv.log.parent) not in r.text  # (the model's path is not told)
     assert httpx.get(srv.url + path, headers={"Authorization": f"Bearer {KEY}"}, timeout=10).status_code == 200
     assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------------
+# work whose size the client chooses runs off the event loop
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path, body", [
+    ("/tokenize", {"content": "\U0001F600" * 1_000_000, "with_pieces": True}),
+    ("/apply-template", {"messages": [{"role": "user", "content": ""}] * 200_000}),
+    ("/v1/responses", {"input": [{"role": "user", "content": "hi"}] * 100_000, "max_output_tokens": 1}),
+    ("/detokenize", {"tokens": [5] * 1_000_000}),
+])
+def test_big_requests_leave_health_answering(srv, path, body):
+    raw = json.dumps(body, ensure_ascii=False).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n").encode()
+    got: dict = {}
+
+    def big():  # a raw socket: reading the answer costs this process next to nothing
+        with _connect(srv) as s:
+            s.sendall(head + raw)
+            data, _ = _read_all(s, 60)
+        got["status"] = int(data.split(b" ", 2)[1]) if data else None
+
+    t = threading.Thread(target=big, daemon=True)
+    t.start()
+    worst = 0.0
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        while t.is_alive():
+            t0 = time.monotonic()
+            assert c.get("/health").status_code == 200
+            worst = max(worst, time.monotonic() - t0)
+            time.sleep(0.05)
+    t.join()
+    assert got["status"] in (200, 400), got
+    assert worst < 1.0, f"/health took {worst:.2f} s while {path} was served"

@@ -2,6 +2,7 @@
 request -> engine bridge they share (:func:`submit`)."""
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request as HttpRequest
@@ -221,8 +222,8 @@ async def responses(request: HttpRequest):
     state = _state(request)
     eng = state.need_engine()
     raw = await _body(request)
-    b = Body(to_chat(raw.data), raw.size)
-    tools = parse_tools(b.data)  # the function tools, as the chat route's
+    # off the event loop: the input list's length is the client's (100k items take seconds)
+    b, tools = await in_worker(lambda: (lambda b: (b, parse_tools(b.data)))(Body(to_chat(raw.data), raw.size)))
     gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools)
     return _respond(state, gen, group, lambda: ResponsesRenderer(state, gen, _model_name(b, state), tools))
 
@@ -232,7 +233,9 @@ async def apply_template(request: HttpRequest):
     state = _state(request)
     state.need_engine()
     b = await _body(request)
-    return JSONResponse({"prompt": chat_prompt(state, b.data, parse_messages(b, state.config.limits))})
+    # off the event loop, as every piece of work whose size the client chooses (the messages: 250k of them)
+    return await in_worker(lambda: JSONResponse(
+        {"prompt": chat_prompt(state, b.data, parse_messages(b, state.config.limits))}))
 
 
 async def chat_input_tokens(request: HttpRequest):
@@ -240,8 +243,12 @@ async def chat_input_tokens(request: HttpRequest):
     state = _state(request)
     eng = state.need_engine()
     b = await _body(request)
-    text = chat_prompt(state, b.data, parse_messages(b, state.config.limits))
-    return JSONResponse({"input_tokens": len(eng.tokenize(text, add_special=True, parse_special=True))})
+
+    def count() -> JSONResponse:
+        text = chat_prompt(state, b.data, parse_messages(b, state.config.limits))
+        return JSONResponse({"input_tokens": len(eng.tokenize(text, add_special=True, parse_special=True))})
+
+    return await in_worker(count)
 
 
 async def health(request: HttpRequest):
@@ -285,19 +292,32 @@ async def tokenize(request: HttpRequest):
     if content is None:
         raise invalid("\"content\" must be provided")
     check_chars("content", len(content), state.config.limits)
-    toks = await in_worker(lambda: eng.tokenize(content, add_special=b.bool("add_special", False),
-                                                parse_special=b.bool("parse_special", True)))
-    if not b.bool("with_pieces", False):
-        return JSONResponse({"tokens": toks})
-    out = []
-    for t in toks:
-        raw = eng.vocab.token_to_piece(t, special=True)
-        try:
-            piece: Any = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            piece = list(raw)
-        out.append({"id": t, "piece": piece})
-    return JSONResponse({"tokens": out})
+    add_special, parse_special = b.bool("add_special", False), b.bool("parse_special", True)
+    with_pieces = b.bool("with_pieces", False)
+
+    def work() -> Response:  # off the event loop: a million characters are millions of tokens and pieces
+        toks = eng.tokenize(content, add_special=add_special, parse_special=parse_special)
+        if not with_pieces:
+            return _json_list("tokens", toks)
+        out = []
+        for t in toks:
+            raw = eng.vocab.token_to_piece(t, special=True)
+            try:
+                piece: Any = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)
+            out.append({"id": t, "piece": piece})
+        return _json_list("tokens", out)
+
+    return await in_worker(work)
+
+
+def _json_list(key: str, items: list, step: int = 8192) -> Response:
+    """``{key: items}`` as JSON, encoded a slice at a time: one ``json.dumps`` of millions of items would hold
+    the interpreter's lock for a second, and the event loop with it."""
+    parts = [json.dumps(items[i:i + step], ensure_ascii=False, separators=(",", ":"))[1:-1]
+             for i in range(0, len(items), step)]
+    return Response(f'{{{json.dumps(key)}:[{",".join(parts)}]}}'.encode("utf-8"), media_type="application/json")
 
 
 async def detokenize(request: HttpRequest):
@@ -307,13 +327,18 @@ async def detokenize(request: HttpRequest):
     key, toks = b.get("tokens")
     if toks is None:
         toks = []
-    if not isinstance(toks, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in toks):
-        raise invalid(f"Field '{key}': expected a list of token ids")
-    n = eng.vocab.n_tokens
-    bad = [t for t in toks if not 0 <= t < n]
-    if bad:
-        raise invalid(f"Field '{key}': token id {bad[0]} is outside the vocabulary (0..{n - 1})")
-    return JSONResponse({"content": eng.vocab.detokenize(toks, unparse_special=True)})
+
+    def work() -> JSONResponse:
+        if not isinstance(toks, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in toks):
+            raise invalid(f"Field '{key}': expected a list of token ids")
+        n = eng.vocab.n_tokens
+        bad = [t for t in toks if not 0 <= t < n]
+        if bad:
+            raise invalid(f"Field '{key}': token id {bad[0]} is outside the vocabulary (0..{n - 1})")
+        return JSONResponse({"content": eng.vocab.detokenize(toks, unparse_special=True)})
+
+    # a long list (a body holds a million and more) off the event loop
+    return work() if not isinstance(toks, list) or len(toks) <= 4096 else await in_worker(work)
 
 
 def _slot_json(state: ServerState, eng: "Engine", info: dict) -> dict:
