@@ -262,3 +262,59 @@ def test_compat_save_state_load_state(tiny_model):
         assert llm.last_report["n_cached"] == len(PROMPT) - 1
     finally:
         llm.close()
+
+
+def test_slot_actions_on_a_busy_slot_stall_no_other_route(tiny_models, tmp_path, monkeypatch):
+    """Slot actions waiting for a busy slot (a stream pinned to slot 0) do not hold the worker threads every
+    other route shares: with 4 erases of slot 0 waiting, /tokenize still answers at once; an action that waits
+    too long is a 503 with Retry-After (llama-server defers it; here it is bounded)."""
+    import threading
+    import time
+
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    from starlette.testclient import TestClient
+
+    from llamaspec.server import slot_actions
+    from llamaspec.server.app import ServerConfig, ServerState, create_app
+
+    monkeypatch.setattr(slot_actions, "SLOT_WAIT_S", 0.5, raising=False)
+    with Engine(tiny_models["llama"], n_ctx=512, n_parallel=2, cache_prompt=True) as eng:
+        done = threading.Event()
+        run = eng.round.run
+
+        def slow_run(*a, **kw):  # ~50 tokens/s until the test is done with the slot
+            if not done.is_set():
+                time.sleep(0.02)
+            return run(*a, **kw)
+
+        eng.round.run = slow_run
+        state = ServerState(ServerConfig(model_id="tiny", slot_save_path=str(tmp_path)), engine=eng)
+        with TestClient(create_app(state)) as c:
+            results: dict = {}
+            stream = threading.Thread(target=lambda: results.setdefault("stream", c.post(
+                "/completion", json={"prompt": PROMPT, "id_slot": 0, "n_predict": 400, "stream": True})))
+            stream.start()
+            deadline = time.monotonic() + 30
+            while eng.scheduler.free(eng.slots[0]):  # until the stream holds slot 0
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            erases = [threading.Thread(target=lambda i=i: results.setdefault(i, c.post("/slots/0?action=erase")))
+                      for i in range(4)]
+            for t in erases:
+                t.start()
+            time.sleep(0.3)  # the erases are waiting for slot 0
+            t0 = time.monotonic()
+            r = c.post("/tokenize", json={"content": "hello world", "with_pieces": True})
+            took = time.monotonic() - t0
+            for t in erases:
+                t.join(5)
+            alive = stream.is_alive()
+            done.set()
+            stream.join(60)
+        assert r.status_code == 200 and took < 2.0, took
+        assert alive  # /tokenize answered and the erases gave up while the stream still held slot 0
+        assert results["stream"].status_code == 200
+        for i in range(4):  # a 503 the client can retry, not a wait as long as the stream
+            assert results[i].status_code == 503, results[i].text
+            assert results[i].headers.get("Retry-After") and "slot 0 is busy" in results[i].json()["error"]["message"]

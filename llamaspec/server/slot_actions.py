@@ -9,7 +9,9 @@
   restored is a 400 ``Unable to restore slot: ...`` and leaves the slot empty.
 * ``erase``: drop the slot's prompt cache; ``{"id_slot", "n_erased"}``.
 
-A busy slot is waited for (llama-server defers the task). The file name follows llama-server's rule (no path
+A busy slot is waited for (llama-server defers the task), up to :data:`SLOT_WAIT_S`, then a 503 with
+``Retry-After``; the waiting happens in threads of their own (:data:`SLOT_WORKERS`), never in the worker pool
+the other routes share, so actions on a busy slot stall no ``/tokenize`` or generation. The file name follows llama-server's rule (no path
 separators, no ``..``: ``llamaspec.slot_file.valid_filename``), else 400 ``Invalid filename``; without
 ``--slot-save-path`` every action is a 501, as in llama-server. The engine side is
 :mod:`llamaspec.slot_state` (the draft context is cleared and catches up on the next request). Differs on
@@ -17,20 +19,44 @@ purpose: a body without ``filename`` is a 400 (llama-server: 500).
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+import weakref
+from typing import Any, Callable
+
+import anyio
+import anyio.to_thread
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 
 from ..errors import LlamaSpecError
 from ..slot_file import SlotFileError, valid_filename
-from ..slot_state import erase_slot, restore_slot_file, save_slot_file
+from ..slot_state import SlotBusyError, erase_slot, restore_slot_file, save_slot_file
 from .errors import ApiError, api_error, invalid, not_supported
-from .jobs import in_worker
 from .routes import _body, _state
 
-__all__ = ["slot_action"]
+__all__ = ["slot_action", "SLOT_WAIT_S", "SLOT_WORKERS"]
+
+#: how long an action waits for its slot to be free before a 503 with ``Retry-After``
+SLOT_WAIT_S = 10.0
+#: threads for slot actions (apart from :data:`llamaspec.server.jobs.WORKERS`); more actions wait their turn
+SLOT_WORKERS = 2
+_LIMITERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter]" = weakref.WeakKeyDictionary()
+
+
+async def _in_slot_worker(fn: Callable[[], Any]) -> Any:
+    """``fn()`` in one of the slot actions' own threads; a slot still busy after :data:`SLOT_WAIT_S` is a 503."""
+    loop = asyncio.get_running_loop()
+    limiter = _LIMITERS.get(loop)
+    if limiter is None:
+        limiter = _LIMITERS[loop] = anyio.CapacityLimiter(SLOT_WORKERS)
+    try:
+        return await anyio.to_thread.run_sync(fn, limiter=limiter)
+    except SlotBusyError as e:
+        raise ApiError(503, f"{e}: it still serves a request after {SLOT_WAIT_S:g} s; retry later",
+                       "unavailable_error", headers={"Retry-After": "1"}) from e
 
 
 async def slot_action(request: HttpRequest):
@@ -49,7 +75,7 @@ async def slot_action(request: HttpRequest):
     if not 0 <= id_slot < eng.n_parallel:
         raise invalid("Invalid slot ID")
     if action == "erase":
-        n = await in_worker(lambda: erase_slot(eng, id_slot))
+        n = await _in_slot_worker(lambda: erase_slot(eng, id_slot, timeout=SLOT_WAIT_S))
         return JSONResponse({"id_slot": id_slot, "n_erased": n})
     b = await _body(request)
     filename = b.data.get("filename")
@@ -61,9 +87,10 @@ async def slot_action(request: HttpRequest):
     t0 = time.perf_counter()
     try:
         if action == "save":
-            n_tokens, n_bytes = await in_worker(lambda: save_slot_file(eng, id_slot, path))
+            n_tokens, n_bytes = await _in_slot_worker(lambda: save_slot_file(eng, id_slot, path, timeout=SLOT_WAIT_S))
         else:
-            n_tokens, n_bytes = await in_worker(lambda: restore_slot_file(eng, id_slot, path))
+            n_tokens, n_bytes = await _in_slot_worker(lambda: restore_slot_file(eng, id_slot, path,
+                                                                                timeout=SLOT_WAIT_S))
     except SlotFileError as e:
         raise invalid(f"Unable to restore slot: {str(e).replace(directory, '.')}") from e
     except OSError as e:  # its message would name the server's directory: the file's name only
