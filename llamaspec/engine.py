@@ -332,21 +332,35 @@ class Engine:
         """Act on what the round did: free failed slots, retire finished ones, deliver every chunk."""
         sched = self.scheduler
         for s in out.failed:
-            sched.release(s)
+            self._confined(s, sched.release, s)
         for s in out.finished:
-            sched.retire(s)
-        for ch in out.chunks:
+            self._confined(s, sched.retire, s)
+        for ch in out.chunks:  # one by one: a request whose delivery fails ends, the others get theirs
             slot = self.slots[ch.slot_id]
             req = sched.serving.get(ch.slot_id)
             if req is None:
                 continue
-            ch.request_id = req.id
-            if req.state is RequestState.PROMPT and slot.state is not SlotState.PROMPT:
-                req.state = RequestState.GENERATING
-            req.deliver(ch)
-            if ch.finished:
-                sched.record(slot.stats)
-                req.finish(slot.finish_reason or FinishReason.STOP, slot.error)
+            try:
+                ch.request_id = req.id
+                if req.state is RequestState.PROMPT and slot.state is not SlotState.PROMPT:
+                    req.state = RequestState.GENERATING
+                req.deliver(ch)
+                if ch.finished:
+                    sched.record(slot.stats)
+                    req.finish(slot.finish_reason or FinishReason.STOP, slot.error)
+            except Exception as e:  # noqa: BLE001 - this request ends with the error; the engine goes on
+                log.error("slot %d: delivering to request %d failed: %s", slot.id, req.id, e)
+                if not req.done:
+                    req.finish(FinishReason.ERROR, str(e) or type(e).__name__)
+
+    def _confined(self, slot: Slot, fn, *args) -> None:
+        """``fn(*args)`` for one slot; when it raises (freeing memory: an RPC server gone) the slot keeps no
+        cache whose memory may be half freed, and the other slots are settled all the same."""
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001
+            log.error("slot %d: settling it failed: %s", slot.id, str(e) or type(e).__name__)
+            slot.tokens, slot.cached, slot.prompt_ckpt = [], [], None
 
     def _recover(self) -> None:
         """After an interrupt mid-round: a live slot whose memory cannot be put back is aborted."""

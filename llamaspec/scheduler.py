@@ -18,6 +18,7 @@ composes it and calls it at fixed points of a step, under the engine lock:
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -260,21 +261,44 @@ class Scheduler:
             return
         with self._queue_lock:
             cancels, self._cancels = self._cancels, []
-            for req in cancels:
-                if req in self._queued:
-                    self._queued.remove(req)
+            queued = [req for req in cancels if req in self._queued]
+            for req in queued:
+                self._queued.remove(req)
+        for req in cancels:  # one by one: a cancel that fails drops none of the others
+            try:
+                if req in queued:
                     req.close_sampler()
                     req.finish(FinishReason.ABORT)
-        for req in cancels:
-            slot = req.slot
-            if req.done or slot is None or self.serving.get(slot.id) is not req:
-                continue
-            slot.finish_reason = FinishReason.ABORT
-            slot.state = SlotState.DONE
-            if self.chain is not None:
-                self.chain.reset(slot.seq_id)
-            self.release(slot)
-            self.record(slot.stats)
+                else:
+                    self._cancel_running(req)
+            except Exception as e:  # noqa: BLE001 - this request ends anyway; the engine goes on
+                self._cancel_failed(req, e)
+
+    def _cancel_running(self, req: Request) -> None:
+        slot = req.slot
+        if req.done or slot is None or self.serving.get(slot.id) is not req:
+            return
+        slot.finish_reason = FinishReason.ABORT
+        slot.state = SlotState.DONE
+        if self.chain is not None:
+            self.chain.reset(slot.seq_id)
+        self.release(slot)
+        self.record(slot.stats)
+        req.finish(FinishReason.ABORT)
+
+    def _cancel_failed(self, req: Request, exc: Exception) -> None:
+        """Cancelling ``req`` raised (freeing its memory: an RPC server gone): it ends all the same, and its
+        slot keeps no cache whose memory may be half freed."""
+        log.error("request %d: cancelling it failed: %s", req.id, str(exc) or type(exc).__name__)
+        slot = req.slot
+        if slot is not None and self.serving.get(slot.id) is req:
+            slot.state, slot.finish_reason = SlotState.DONE, FinishReason.ABORT
+            slot.tokens, slot.cached, slot.prompt_ckpt = [], [], None
+            with contextlib.suppress(Exception):
+                self._drop_sampler(slot)
+        if not req.done:
+            with contextlib.suppress(Exception):
+                req.close_sampler()
             req.finish(FinishReason.ABORT)
 
     def release(self, slot: Slot) -> None:

@@ -5,7 +5,7 @@ import pytest
 
 from llamaspec import _llama as L
 from llamaspec.engine import Engine, FinishReason, RequestState
-from llamaspec.errors import UsageError
+from llamaspec.errors import LlamaSpecError, UsageError
 from llamaspec.params import RequestSpec, SpecParams
 from llamaspec.scheduler import common_prefix
 
@@ -185,3 +185,62 @@ def test_sliding_window_cache_is_not_trimmed_into_a_pruned_window(tmp_path):
         r3 = e.generate(short, n_predict=8)
         assert r3.stats.n_cached == 0
     assert [r1.tokens, r3.tokens] == fresh and r2.tokens == r1.tokens
+
+
+def test_a_failing_cancel_drops_no_later_cancel(tiny_model, monkeypatch):
+    """Cancels queued together are applied one by one: when freeing the first one's memory fails (an RPC
+    server gone), the second is still cancelled, and both requests end (their consumers would wait forever)."""
+    with Engine(tiny_model("llama"), n_ctx=512, n_parallel=2) as eng:
+        reqs = [eng.submit(p, n_predict=200) for p in PROMPTS[:2]]
+        for _ in range(3):
+            eng.step()
+        assert all(r.state is RequestState.GENERATING for r in reqs)
+        release = eng.rollback_tgt.release
+        calls = []
+
+        def failing_once(seq_id):
+            calls.append(seq_id)
+            if len(calls) == 1:
+                raise LlamaSpecError("the RPC server is gone")
+            return release(seq_id)
+
+        monkeypatch.setattr(eng.rollback_tgt, "release", failing_once)
+        for r in reqs:  # queued together, as while a step runs
+            eng.scheduler.request_cancel(r)
+        eng.step()
+        assert [r.done for r in reqs] == [True, True]
+        assert [r.finish_reason for r in reqs] == [FinishReason.ABORT, FinishReason.ABORT]
+        assert len(calls) == 2
+        monkeypatch.undo()
+        # both slots serve again
+        again = [eng.submit(p, n_predict=4) for p in PROMPTS[2:]]
+        while not all(r.done for r in again):
+            eng.step()
+        assert [len(r.result().tokens) for r in again] == [4, 4]
+
+
+def test_a_failing_retire_settles_the_other_slots(tiny_model, monkeypatch):
+    """Two requests finish in the same round and freeing the first one's memory fails: both still end with
+    their tokens (the step settles slot by slot), and the engine serves on."""
+    with Engine(tiny_model("llama"), n_ctx=512, n_parallel=2, cache_prompt=False) as eng:
+        release = eng.rollback_tgt.release
+        calls = []
+
+        def failing_once(seq_id):
+            calls.append(seq_id)
+            if len(calls) == 1:
+                raise LlamaSpecError("the RPC server is gone")
+            return release(seq_id)
+
+        reqs = [eng.submit(p, n_predict=6) for p in (PROMPTS[0], PROMPTS[3])]
+        for _ in range(3):
+            eng.step()  # both prompts in, the slots generating
+        monkeypatch.setattr(eng.rollback_tgt, "release", failing_once)
+        for _ in range(20):
+            if all(r.done for r in reqs):
+                break
+            eng.step()
+        assert len(calls) >= 2
+        assert [(r.finish_reason, len(r.result().tokens)) for r in reqs] == [(FinishReason.LENGTH, 6)] * 2
+        monkeypatch.undo()
+        assert len(eng.generate(PROMPTS[1], n_predict=3).tokens) == 3
