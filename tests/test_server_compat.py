@@ -276,6 +276,11 @@ def test_responses_answer_once_whatever_the_n_key(client, engine, key):
 def target():
     class Capture(BaseHTTPRequestHandler):
         def do_GET(self):
+            if self.path.startswith("/redirect?to="):  # a 302 to the URL after "to="
+                self.send_response(302)
+                self.send_header("Location", self.path[len("/redirect?to="):])
+                self.end_headers()
+                return
             self.server.captured = dict(self.headers)
             self.send_response(201)
             self.send_header("Content-Type", "text/plain")
@@ -299,6 +304,30 @@ def test_cors_proxy_is_off_by_default(client, target):
     r = client.get(f"/cors-proxy?url=http://127.0.0.1:{target.server_port}/x")
     assert r.status_code == 403 and r.json()["error"]["type"] == "feature_disabled"
     assert target.captured == {}
+
+
+def test_cors_proxy_checks_redirect_targets_as_the_first(engine, target):
+    """A redirect is followed (llama-server's client follows them) only to a URL the proxy would take from the
+    client: http(s), a host, no credentials; else a 502 that names the redirect, and the URL is never fetched."""
+    base = f"http://127.0.0.1:{target.server_port}"
+    auth = {"Authorization": "Bearer k"}
+    c = _client(engine, chat_template="chatml", mcp_proxy=True, api_keys=["k"])  # no lifespan: the engine stays open
+    r = c.get(f"/cors-proxy?url={base}/redirect?to={base}/capture", headers=auth)
+    assert r.status_code == 201 and r.text == "ok"  # an allowed redirect is followed
+    other = f"http://localhost:{target.server_port}/capture"  # another host: the named credentials stay behind
+    r = c.get("/cors-proxy", params={"url": f"{base}/redirect?to={other}"},
+              headers={**auth, "x-llama-server-proxy-header-authorization": "Bearer explicit",
+                       "x-llama-server-proxy-header-accept": "text/x"})
+    got = {k.lower(): v for k, v in target.captured.items()}
+    assert r.status_code == 201 and got["accept"] == "text/x" and "authorization" not in got
+    for bad, what in ((f"http://u:p@127.0.0.1:{target.server_port}/capture", "authentication"),
+                      ("ftp://127.0.0.1/x", "scheme"), ("file:///etc/passwd", "scheme")):
+        target.captured = {}
+        r = c.get("/cors-proxy", params={"url": f"{base}/redirect?to={bad}"}, headers=auth)
+        assert r.status_code == 502, r.text
+        msg = r.json()["error"]["message"]
+        assert "redirect" in msg and what in msg, msg
+        assert target.captured == {}
 
 
 def test_cors_proxy_forwards_only_explicit_headers(engine, target):

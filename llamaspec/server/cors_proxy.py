@@ -6,8 +6,10 @@ headers is forwarded (its ``Authorization``, ``X-Api-Key``, cookies stay here) e
 explicitly: ``X-Llama-Server-Proxy-Header-NAME: value`` is sent as ``NAME: value`` (``Accept-Encoding``,
 ``Transfer-Encoding`` and ``Content-Length`` are left out, the body is sent as it came). The target's status,
 headers (less ``Server``, ``Date``, ``Transfer-Encoding``, ``Content-Length``, ``Keep-Alive`` and its
-``Access-Control-*``) and body come back as they arrive (a stream stays a stream). The proxy ignores the
-``*_proxy`` environment variables. With ``--api-key`` the route needs the key, as every other one.
+``Access-Control-*``) and body come back as they arrive (a stream stays a stream). A redirect is followed (as
+llama-server's client does) only to a URL that passes the same check as the client's (a 502 naming the redirect
+otherwise), and an ``Authorization`` / ``Cookie`` header the client named is not sent to another host. The proxy
+ignores the ``*_proxy`` environment variables. With ``--api-key`` the route needs the key, as every other one.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import logging
 import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import anyio
 from starlette.requests import Request as HttpRequest
@@ -73,9 +75,36 @@ def forwarded_headers(headers) -> dict[str, str]:
     return out
 
 
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirects, each new URL checked as the client's was (:func:`_target`)."""
+
+    def http_error_302(self, req, fp, code, msg, headers):
+        location = headers.get("location") or headers.get("uri")
+        if location:
+            try:
+                _target(urljoin(req.full_url, location))
+            except ApiError as e:
+                fp.close()
+                why = e.message.split(": ", 1)[-1]
+                raise ApiError(502, f"proxy error: the target's redirect ({code}) is not followed: {why}",
+                               "server_error") from None
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urlsplit(newurl).netloc != urlsplit(req.full_url).netloc:
+            for name in ("Authorization", "Cookie"):  # the client's credentials stay with the host it named
+                new.headers.pop(name, None)
+                new.headers.pop(name.capitalize(), None)
+        return new
+
+
 def _open(method: str, url: str, headers: dict[str, str], body: bytes):
     """The target's response (an error status is a response too); ApiError 502 when it cannot be reached."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never an environment proxy
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),  # never an environment proxy
+                                         _CheckedRedirects())
     req = urllib.request.Request(url, data=body if method == "POST" else None, headers=headers, method=method)
     try:
         return opener.open(req, timeout=TIMEOUT)
