@@ -173,7 +173,8 @@ def test_surrogate_pairs_and_bad_utf8(http):
 
 
 def test_repeat_last_n_range(http):
-    base = {"prompt": _prompt(3, 8), "n_predict": 40, "temperature": 0, "repeat_penalty": 3.0, "ignore_eos": True}
+    base = {"prompt": _prompt(3, 8), "n_predict": 40, "temperature": 0, "repeat_penalty": 3.0, "ignore_eos": True,
+            "return_tokens": True}
     for bad in (1_000_000_000, N_CTX_SEQ + 1, -2):
         e = _error(http.post("/completion", json={**base, "repeat_last_n": bad}), 400, "invalid_request_error")
         _names(e, "repeat_last_n", str(N_CTX_SEQ))
@@ -184,9 +185,9 @@ def test_repeat_last_n_range(http):
         out[n] = r.json()
     # -1 = the context size, as llama-server
     assert out[-1]["generation_settings"]["repeat_last_n"] == N_CTX_SEQ
-    assert out[-1]["tokens"] == out[N_CTX_SEQ]["tokens"] if "tokens" in out[-1] else True
+    assert len(out[-1]["tokens"]) == 40 and out[-1]["tokens"] == out[N_CTX_SEQ]["tokens"]
     assert out[-1]["content"] == out[N_CTX_SEQ]["content"]
-    assert out[N_CTX_SEQ]["content"] != out[0]["content"]  # the penalty does act on this prompt
+    assert out[N_CTX_SEQ]["tokens"] != out[0]["tokens"]  # the penalty does act on this prompt
 
 
 @pytest.mark.parametrize("field,value", [
