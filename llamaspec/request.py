@@ -5,9 +5,10 @@ is done a :class:`~llamaspec.slot.GenerationResult` (tokens, text, finish reason
 message when it failed). :meth:`Engine.step` delivers every chunk to the request that produced it; a request
 iterates over its own chunks only, so any number of requests can be consumed in any order, from any thread.
 
-Thread model (design.md 12): native state is touched only inside :meth:`Engine.step`, which one thread at a
-time runs (an engine lock). ``submit()`` and ``cancel()`` may be called from any thread: they only queue
-work for the next step. A request reaches its engine only through the two methods of :class:`Driver`:
+Thread model (design.md 12): native state is touched by one thread at a time (an engine lock): inside
+:meth:`Engine.step`, and in ``submit()`` / ``cancel()``, which may be called from any thread: ``submit()``
+tokenises and builds the request's samplers itself, and both act at once when no step runs (admitting,
+freeing), else the next step does (llamaspec.stepper). A request reaches its engine only through the two methods of :class:`Driver`:
 ``wait`` (make progress or wait for it: without an engine thread the Engine runs ``step()`` whenever no other
 thread is stepping; with one, a server's, it just waits) and ``cancel``.
 """
