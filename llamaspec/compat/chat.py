@@ -46,7 +46,9 @@ class ChatHandlers:
             def render(messages, *, tools=None, **kwargs):
                 return chat.render_jinja(messages, add_assistant=True, tools=tools, **kwargs)
 
-            h = lcp.formatter_chat_handler(render, eos_token=chat.eos_text, eos_token_id=self.llm._vocab.eos)
+            vocab = self.llm._vocab  # the stop text as llama_cpp.Llama takes it: the EOS token's text
+            stop = vocab.get_text(vocab.eos).decode("utf-8", "replace") if vocab.eos != -1 else ""
+            h = lcp.formatter_chat_handler(render, eos_token=stop, eos_token_id=vocab.eos)
             self._handlers[name] = h
         return h
 
