@@ -235,6 +235,14 @@ def build_parts(
         for obj in reversed(owned):
             obj.close()
         raise
+    # beyond llama.cpp: where no thread count was given and the decode runs on the CPU, each decode's thread
+    # count is chosen from measured times (llamaspec._llama.threads: one thread wins on a busy machine)
+    on_cpu = not llama.supports_gpu_offload()
+    if n_threads is None and n_threads_batch is None and (on_cpu or n_gpu_layers == 0):
+        parts.ctx.tune_threads()
+    if (parts.ctx_dft is not None and n_threads_draft is None and n_threads is None and n_threads_batch is None
+            and (on_cpu or n_gpu_layers_draft == 0)):
+        parts.ctx_dft.tune_threads()
     # draft-KV reuse (beyond llama.cpp) only where the draft memory can be trimmed afterwards
     for d in (parts.chain.impls if parts.chain else []):
         if d.reuse_kv:

@@ -39,7 +39,8 @@ from .context import (
 from .json_schema import json_schema_to_grammar
 from .kv_memory import Memory
 from .log import LLAMA_CPP_PYTHON_VERSION, backend_init, system_info
-from .model import TOKEN_NULL, Model, Vocab, render_builtin_chat_template
+from .model import TOKEN_NULL, Model, Vocab, render_builtin_chat_template, supports_gpu_offload
+from .threads import ThreadTuner
 from .sampler import DEFAULT_SEED, Candidates, Sampler, SamplingParams
 from .sampler_chain import DEFAULT_ORDER as SAMPLER_ORDER, picks_in_chain, sampler_order
 from .staging import model_target_layer_ids, staging
@@ -47,6 +48,8 @@ from .state_file import seq_load_file, seq_save_file
 from . import rpc
 
 __all__ = [
+    "supports_gpu_offload",
+    "ThreadTuner",
     "CONTEXT_TYPE_DEFAULT",
     "Candidates",
     "SAMPLER_ORDER",

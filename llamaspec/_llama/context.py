@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence, TypeVar
 
@@ -20,6 +21,7 @@ from . import rpc
 from .kv_memory import Memory
 from .log import _forget_native_errors, _last_native_error, backend_init
 from .model import Model, _Owned
+from .threads import ThreadTuner, cpu_idle_meter
 from .token_batch import TokenBatch
 
 PROCESS_ENCODE = native.LLAMA_PROCESS_TYPE_ENCODE
@@ -200,6 +202,8 @@ class Context(_Owned):
         self._mem = native.llama_get_memory(ptr)
         self.memory = Memory(self) if self._mem else None
         self.n_decodes = 0
+        #: the thread count of each decode, measured (tune_threads; None: the configured one, always)
+        self.threads: ThreadTuner | None = None
         #: samplers run inside the decode (``extra["samplers"]``): a row may have a sampled token, not logits
         self.has_backend_samplers = bool(p.extra.get("samplers"))
 
@@ -248,7 +252,7 @@ class Context(_Owned):
             code, bad = self._tokens.fill(rows, self.n_vocab, self.n_seq_max)
             if code:
                 raise DecodeError(self._add_error(code, rows[bad]), status=code)
-            self._decoded(self._tokens.decode(ptr), n)
+            self._decoded(self._timed(n, self._tokens.decode, ptr), n)
             return
         b = self._batch
         native.llama_batch_ext_clear(b)
@@ -275,7 +279,7 @@ class Context(_Owned):
         if self._rpc:  # process + synchronize on the RPC worker: the outputs are on the host when it returns
             rc = rpc.call(_process_sync, ptr, kind, b, what="a decode", timeout=rpc.DECODE_TIMEOUT_S)
         else:
-            rc = native.llama_process(ptr, kind, b)
+            rc = self._timed(n, native.llama_process, ptr, kind, b)
         self._decoded(rc, n)
 
     def decode_next(self, tokens: list[int], pos: list[int], seq: list[int]) -> None:
@@ -292,7 +296,28 @@ class Context(_Owned):
         code, bad = self._tokens.fill_outputs(tokens, pos, seq, self.n_vocab, self.n_seq_max)
         if code:
             raise DecodeError(self._add_error(code, Row(tokens[bad], pos[bad], seq[bad], True)), status=code)
-        self._decoded(self._tokens.decode(ptr), n)
+        self._decoded(self._timed(n, self._tokens.decode, ptr), n)
+
+    def _timed(self, n: int, fn, *args) -> int:
+        """``fn(*args)``, a native decode of ``n`` rows, with (and timed for) the tuner's thread count."""
+        tuner = self.threads
+        if tuner is None:
+            return fn(*args)
+        tuner.before(n)
+        t0 = time.perf_counter()
+        rc = fn(*args)
+        tuner.after(n, time.perf_counter() - t0)
+        return rc
+
+    def tune_threads(self, counts: "Sequence[int] | None" = None) -> ThreadTuner | None:
+        """Attach a :class:`~llamaspec._llama.threads.ThreadTuner` (``counts``: the candidates; default: the
+        configured count, its half and 1); None where there is nothing to choose (one thread, RPC)."""
+        n = self.params.n_threads_batch or self.params.n_threads or default_threads()
+        counts = list(dict.fromkeys(counts if counts is not None else [n, max(1, n // 2), 1]))
+        ptr = None if self._rpc or len(counts) < 2 else self.live_ptr()
+        self.threads = (ThreadTuner(counts, lambda k: native.llama_set_n_threads(ptr, k, k), idle_share=cpu_idle_meter())
+                        if ptr else None)
+        return self.threads
 
     def _decoded(self, rc: int, n: int) -> None:
         self.n_decodes += 1

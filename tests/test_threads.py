@@ -1,0 +1,84 @@
+"""The thread tuner (llamaspec._llama.threads): each decode's thread count chosen from measured times, per
+batch size; on a real context, outputs do not depend on the count."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from llamaspec._llama.threads import ThreadTuner
+
+
+def drive(t: ThreadTuner, n: int, cost, rows: int = 1, rng=None) -> list[int]:
+    rng = rng or random.Random(0)
+    used = []
+    for _ in range(n):
+        k = t.before(rows)
+        used.append(k)
+        t.after(rows, cost(k) * (1 + 0.2 * rng.random()))
+    return used
+
+
+def test_keeps_two_threads_on_a_quiet_machine_and_probes_rarely():
+    t = ThreadTuner([2, 1], lambda k: None)
+    used = drive(t, 600, lambda k: 0.010 if k == 2 else 0.016)
+    assert t.choice(1) == 2
+    assert used[300:].count(1) / 300 < 0.03       # the interval doubled: probes cost little
+
+
+def test_moves_to_one_thread_under_load_and_back():
+    """Under load one thread wins; when the OS reports idle cores again, two threads are tried at once and
+    win back within a few decodes (not after the doubled probe interval)."""
+    idle = [0.0]
+    t = ThreadTuner([2, 1], lambda k: None, idle_share=lambda: idle[0])
+    drive(t, 300, lambda k: 0.030 if k == 2 else 0.012)        # a busy machine: barriers wait
+    assert t.choice(1) == 1 and t.n_switches >= 1
+    idle[0] = 0.5                                               # the load stopped: a core is idle
+    used = drive(t, 32, lambda k: 0.010 if k == 2 else 0.016)
+    assert t.choice(1) == 2
+    assert used.index(2) <= 8 and used[-16:].count(2) >= 13     # (one probe of 1 thread after the switch)
+
+
+def test_without_idle_cores_one_thread_stays():
+    t = ThreadTuner([2, 1], lambda k: None, idle_share=lambda: 0.0)
+    used = drive(t, 400, lambda k: 0.030 if k == 2 else 0.012)
+    assert used[200:].count(2) / 200 < 0.03
+
+
+def test_a_new_batch_size_starts_from_the_nearest_choice():
+    t = ThreadTuner([2, 1], lambda k: None)
+    drive(t, 60, lambda k: 0.030 if k == 2 else 0.012, rows=1)
+    assert t.choice(1) == 1
+    assert t.before(8) == 1                       # not two threads for its first decodes
+    t.after(8, 0.02)
+
+
+def test_apply_only_on_change():
+    applied = []
+    t = ThreadTuner([4, 2, 1], applied.append, probe_every=4, probe_len=2)
+    drive(t, 40, lambda k: {4: 0.01, 2: 0.02, 1: 0.03}[k])
+    assert all(a != b for a, b in zip(applied, applied[1:]))
+    assert set(applied) == {4, 2, 1} and t.choice(1) == 4     # every alternative was tried
+
+
+def test_needs_a_count():
+    with pytest.raises(ValueError):
+        ThreadTuner([0], lambda k: None)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mamba"])
+def test_outputs_do_not_depend_on_the_thread_count(tiny_model, kind):
+    """Greedy output with the tuner on (it tries 2 and 1 threads) equals output with 1 thread and 2 threads
+    fixed: the count changes the speed, not what a decode computes."""
+    from llamaspec.engine import Engine
+
+    outs = {}
+    for name, kw in (("t1", {"n_threads": 1}), ("t2", {"n_threads": 2}), ("tuned", {})):
+        with Engine(tiny_model(kind), n_ctx=256, flash_attn=False, kv_f32=True, **kw) as e:
+            if name == "tuned":
+                assert e.ctx.threads is not None
+                e.ctx.threads.probe_every = 2     # switch often
+            outs[name] = e.generate([1, 2, 3, 4, 5, 6], n_predict=48).tokens
+            if name == "tuned":
+                assert e.ctx.threads.n_probes >= 3
+    assert outs["t1"] == outs["t2"] == outs["tuned"]
