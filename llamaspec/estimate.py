@@ -32,6 +32,8 @@ class PlainStepCost:
     n_steps: int
     n_prefix: int
     wall_s: float  # what measuring cost, context creation included
+    #: median absolute deviation of the step times over their median (0 steady; a busy machine: 0.25 and more)
+    spread: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -115,4 +117,6 @@ def measure_plain_step(
             times.append(dt * 1e3)
             if len(times) >= n_steps_min and time.perf_counter() - t_start > budget_s:
                 break
-    return PlainStepCost(statistics.median(times), len(times), len(prefix), time.perf_counter() - t_start)
+    med = statistics.median(times)
+    spread = statistics.median(abs(t - med) for t in times) / med if med > 0 else 0.0
+    return PlainStepCost(med, len(times), len(prefix), time.perf_counter() - t_start, spread)

@@ -91,7 +91,8 @@ class Resolved:
     def run_settings(self, cfg: BenchConfig) -> RunSettings:
         return RunSettings(cfg.n_ctx, cfg.n_batch, self.threads, cfg.flash_attn, cfg.seed, cfg.spec,
                            threads_batch=self.threads_batch, threads_draft=self.threads_draft,
-                           n_gpu_layers=cfg.n_gpu_layers, n_gpu_layers_draft=self.n_gpu_layers_draft, **self.placement)
+                           n_gpu_layers=cfg.n_gpu_layers, n_gpu_layers_draft=self.n_gpu_layers_draft, **self.placement,
+                           threads_given=bool(cfg.threads or cfg.threads_batch or cfg.threads_draft))
 
 
 def reference_name(cfg: BenchConfig) -> str:

@@ -19,6 +19,19 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 
 
+def load_lines(report: dict) -> list[str]:
+    """The report's line on the load beside the run (``bench --load``), if it says.
+
+    >>> load_lines({"load": {"description": "2 busy-loop processes", "cores_used": 1.93, "wall_s": 60.0}})
+    ['- load beside the run: 2 busy-loop processes (1.93 cores used on average over 60 s)']
+    """
+    ld = report.get("load")
+    if not ld:
+        return []
+    used = f" ({ld['cores_used']:.2f} cores used on average over {ld['wall_s']:.0f} s)" if "cores_used" in ld else ""
+    return [f"- load beside the run: {ld['description']}{used}"]
+
+
 def build_report(cfg: BenchConfig, res: Resolved, out: Outcome, *, summary: dict, reference: str, machine: dict,
                  t_start: float, file_type: str | None, gpu_offload: bool) -> dict:
     """The JSON-serialisable report of a run: settings, costs, skipped runs and errors, the summary rows, the
@@ -172,6 +185,7 @@ def render_markdown(report: dict) -> str:
     out.append(f"- machine: {m.get('cpu', '?')}, {m.get('n_cpus_available', '?')} CPUs available, "
                f"load average at start {', '.join(f'{x:.2f}' for x in (m.get('loadavg_at_start') or []))}"
                + (f", at end {', '.join(f'{x:.2f}' for x in m['loadavg_at_end'])}" if m.get("loadavg_at_end") else ""))
+    out.extend(load_lines(report))
     if report.get("command"):
         out.append(f"- command: `{report['command']}`")
     out.append(f"- {s['n_prompts']} prompts ({s['prompts']}), {s['n_predict']} tokens each, {s['repeats']} repeat(s); "

@@ -51,6 +51,9 @@ class RunSettings:
     main_gpu: int | None = None  # None = llama.cpp's default
     split_mode: str | None = None
     tensor_split: tuple[float, ...] | None = None
+    #: the thread counts were given (-t / -tb / -td): llamaspec uses them as given; else it gets none and
+    #: chooses each decode's count itself (llamaspec._llama.threads), as for a user who gives none
+    threads_given: bool = True
 
 
 def _lcp_placement(s: RunSettings) -> dict:
@@ -129,8 +132,9 @@ class LlamaspecRunner(Runner):
             draft = draft.path  # the engine loads the trimmed copy of the draft (a loaded model is used as is)
         self.engines[mode.name] = Engine(
             target, draft=draft, spec=spec,
-            n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, n_threads=self.s.threads, flash_attn=self.s.flash_attn,
-            n_threads_batch=self.s.threads_batch or None, n_threads_draft=self.s.threads_draft or None)
+            n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, flash_attn=self.s.flash_attn,
+            **(dict(n_threads=self.s.threads, n_threads_batch=self.s.threads_batch or None,
+                    n_threads_draft=self.s.threads_draft or None) if self.s.threads_given else {}))
 
     def run(self, mode: Mode, prompt: BenchPrompt, n_predict: int, repeat: int) -> RunResult:
         self.prepare(mode)

@@ -404,8 +404,10 @@ def render_server_markdown(report: dict) -> str:
     if report.get("command"):
         lines += ["```", report["command"], "```", ""]
     m = report["machine"]
+    from .report import load_lines
+
     lines += [f"{report['created']} · {m.get('cpu')} · {m.get('n_cpus_available')} CPUs available · load average at start "
-              f"{m.get('loadavg_at_start')} · {report['duration_s']} s", "",
+              f"{m.get('loadavg_at_start')} · {report['duration_s']} s", "", *[x[2:] for x in load_lines(report)],
               f"Target {s['target']}, draft {s['draft']}; settings: {', '.join(s.get('variants', []))}; "
               f"-np {s['n_parallel']}, -c {s['n_ctx']} ({s['n_ctx_seq']} per slot), -b {s['n_batch']}, threads "
               f"{s['threads']}; {s['n_prompts']} prompts, n_predict {s['n_predict']}, {s['sampling']}; requests per "

@@ -78,11 +78,19 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--spec-ngram-simple-size-m", "ngram_simple_size_m", type=int, default=None, help="ngram-simple: draft length (default 48).")
 @click.option("--spec-ngram-map-k-size-n", "ngram_map_k_size_n", type=int, default=None, help="ngram-map-k: key length (default 12).")
 @click.option("--spec-ngram-map-k-size-m", "ngram_map_k_size_m", type=int, default=None, help="ngram-map-k: draft length (default 48).")
+@click.option("--load", "load_busy", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Run the comparison with this many busy-loop processes beside it on the same cores (a busy machine).")
+@click.option("--load-decode", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also this many processes decoding a llama.cpp model plainly beside the run (--load-model).")
+@click.option("--load-model", default=None, help="Model the --load-decode processes decode (default: the target).")
+@click.option("--load-threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Threads of each --load-decode process.")
 @extra_options
 @handle_errors
 def bench(quick, server_mode, clients, requests_per_client, sweep, server_variants, n_parallel, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
           flash_attn, seed, spec_draft_n_max, spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol,
-          json_path, md_path, plot_path, cache_dir, no_progress, from_json, **ngram_kw):
+          json_path, md_path, plot_path, cache_dir, no_progress, from_json, load_busy, load_decode, load_model, load_threads,
+          **ngram_kw):
     """Benchmark llamaspec against native llama.cpp and llama-cpp-python on the same models and settings.
 
     Every configuration (engine x mode) runs on every prompt back to back, in alternating order on
@@ -179,6 +187,10 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
         target = resolve_model_arg(target_name, cache_dir)
         draft = resolve_model_arg(draft_name, cache_dir) if draft_name else None
 
+    from llamaspec.bench.load import LoadSpec
+
+    load = LoadSpec(busy=load_busy, decode=load_decode, threads=load_threads,
+                    model=(resolve_model_arg(load_model, cache_dir) if load_model else target) if load_decode else None)
     if server_mode:
         if sweep:
             clients = clients if given("clients") else "1,2,4,8,16"
@@ -186,7 +198,7 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
         return _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients,
                             server_variants, n_parallel, engines, n_predict, repeats, ctx_size, batch_size, dev, seed, spec_draft_n_max,
                             spec_draft_n_min, native_dir, json_path, md_path, plot_path,
-                            per_client=requests_per_client or (32 if quick else 0))
+                            per_client=requests_per_client or (32 if quick else 0), load=load)
     prompts = load_prompts(prompts_file)
     if quick:
         prompts = quick_subset(prompts, limit or QUICK_PROMPTS, QUICK_CHARS)
@@ -208,7 +220,7 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
         quick=quick, command="llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None,
     )
     try:
-        report = _run_with_progress(cfg, run_benchmark, no_progress)
+        report = _with_load(load, lambda: _run_with_progress(cfg, run_benchmark, no_progress))
     finally:
         if tmpdir is not None:
             tmpdir.cleanup()
@@ -217,7 +229,7 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
 
 def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients, variants, n_parallel,
                  engines, n_predict, repeats, ctx_size, batch_size, dev, seed, n_max, n_min, native_dir, json_path, md_path, plot_path=None,
-                 per_client=0):
+                 per_client=0, load=None):
     """``--server``: llamaspec serve against llama-server (llamaspec/bench/server_mode.py)."""
     from importlib.util import find_spec
 
@@ -253,7 +265,7 @@ def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, p
             target_name=target_name, draft_name=draft_name, quick=quick,
             variants=tuple(parse_variants(variants, draft, n_max, n_min)) if variants else None,
             command="llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None)
-        report = run_server_benchmark(cfg, lambda t: err_console.print(f"[dim]{t}[/]", highlight=False))
+        report = _with_load(load, lambda: run_server_benchmark(cfg, lambda t: err_console.print(f"[dim]{t}[/]", highlight=False)))
     finally:
         if tmpdir is not None:
             tmpdir.cleanup()
@@ -267,6 +279,21 @@ def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, p
         from llamaspec.bench.server_variants import plot_server_png
 
         plot_server_png(report, plot_path)
+
+
+def _with_load(load, run) -> dict:
+    """``run()`` with the ``--load`` processes beside it (none: as it is); the load goes into the report."""
+    from llamaspec.bench.load import BackgroundLoad
+
+    if load is None or not load.active:
+        report = run()
+        report["load"] = {"busy": 0, "decode": 0, "description": "none (quiet machine)"}
+        return report
+    err_console.print(f"[dim]load beside the run: {load.describe()}[/]", highlight=False)
+    with BackgroundLoad(load) as bg:
+        report = run()
+    report["load"] = bg.summary()
+    return report
 
 
 def _emit(report: dict, json_path, md_path, plot_path) -> None:

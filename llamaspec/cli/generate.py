@@ -235,6 +235,10 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
                         err_console.print(f"[dim]plain estimate: median of {b['n_steps']} plain steps of the target (decode + sample), "
                                           f"{b['ms_per_token']:.1f} ms each (measured in {b['wall_ms']:.0f} ms)[/]",
                                           soft_wrap=True)
+                    elif b and b["kind"] == "measured in-run":
+                        err_console.print(f"[dim]plain measured in-run: the last {b['n_plain_rounds']} plain rounds of this run "
+                                          f"(the referee's, between the speculative ones), times ±{100 * b['spread']:.0f}%[/]",
+                                          soft_wrap=True)
                 err_console.print(_summary_line(eng, stats), soft_wrap=True)
         failed = [(i, r) for i, r in enumerate(results) if r.error]
         for i, r in failed:
@@ -286,13 +290,40 @@ def _plain_baseline(eng, results, token_lists, spec_tps, *, measure, n_predict, 
                 "speedup": round(s, 4) if s is not None else None}
     if len(results) != 1 or eng.n_parallel != 1:
         return None  # slots decoded together: one plain step is no baseline for a batch
+    inrun = _in_run_plain(eng)
+    if inrun is not None:
+        return {**inrun, "speedup": _rounded(speedup(spec_tps, inrun["plain_tokens_per_second"]))}
     r = results[0]
     cost = measure_plain_step(eng.model, r.prompt_tokens, r.tokens, sampling=sampling, n_threads=cp.n_threads,
                               n_threads_batch=cp.n_threads_batch, flash_attn=cp.flash_attn, kv_f32=cp.kv_f32)
-    s = speedup(spec_tps, cost.tokens_per_second)
+    s = speedup(spec_tps, cost.tokens_per_second) if cost.spread <= NOISY_SPREAD else None
     return {"kind": "estimated", "plain_tokens_per_second": round(cost.tokens_per_second, 3),
-            "speedup": round(s, 4) if s is not None else None, "ms_per_token": round(cost.ms_per_token, 3),
-            "n_steps": cost.n_steps, "wall_ms": round(cost.wall_s * 1e3, 1)}
+            "speedup": _rounded(s), "ms_per_token": round(cost.ms_per_token, 3),
+            "n_steps": cost.n_steps, "wall_ms": round(cost.wall_s * 1e3, 1), "spread": round(cost.spread, 3),
+            "noisy": cost.spread > NOISY_SPREAD}
+
+
+#: plain step or round times that vary more than this (median absolute deviation over the median) come from a
+#: machine too busy for a one-line estimate: the summary says so instead of printing a speedup
+NOISY_SPREAD = 0.25
+
+
+def _rounded(x: float | None) -> float | None:
+    return round(x, 4) if x is not None else None
+
+
+def _in_run_plain(eng) -> dict | None:
+    """Plain decoding's speed as the run itself measured it: the referee's plain rounds (llamaspec.referee),
+    decoded between the speculative ones under the same load; None with fewer than 3 of them."""
+    ref = eng.referee
+    if ref is None:
+        return None
+    b = ref.info()["by_slots"].get("1")
+    if not b or b["n_plain"] < 3 or not b["plain_tps"]:
+        return None
+    spread = b["spread"] or 0.0
+    return {"kind": "measured in-run", "plain_tokens_per_second": b["plain_tps"], "n_plain_rounds": b["n_plain"],
+            "spread": spread, "noisy": spread > NOISY_SPREAD}
 
 
 def _summary_line(eng, stats: dict) -> str:
@@ -306,7 +337,10 @@ def _summary_line(eng, stats: dict) -> str:
         return head + " [dim]· plain decoding (no draft model: -md MODEL or --pair NAME to speculate)[/]"
     parts = [head]
     b = stats.get("baseline")
-    if b and b.get("speedup") is not None:
+    if b and b.get("noisy"):  # the truth: the machine was too busy for a one-line figure
+        parts.append(f"vs plain: not estimated, the machine was busy (plain steps varied ±{100 * b['spread']:.0f}%; "
+                     "--baseline measures it)")
+    elif b and b.get("speedup") is not None:
         parts.append(f"[bold]{b['speedup']:.2f}x[/] vs plain ({b['kind']}: {b['plain_tokens_per_second']:.1f} tok/s)")
     if stats["n_drafted"]:
         parts.append(f"acceptance {100 * stats['acceptance_rate']:.1f}%")

@@ -146,8 +146,11 @@ class Llama(TokenAPI):
             draft, drafters, spec = resolve_draft(draft_model, spec, n_parallel)
             self._engine = Engine(model, draft=draft, drafters=drafters, spec=spec, verify=verify,
                                   n_ctx=n_ctx * n_parallel, n_parallel=n_parallel, n_batch=self.n_batch,
-                                  n_ubatch=min(self.n_batch, n_ubatch), n_threads=self.n_threads,
-                                  n_threads_batch=self.n_threads_batch, flash_attn=bool(flash_attn), kv_f32=kv_f32,
+                                  n_ubatch=min(self.n_batch, n_ubatch),
+                                  # none given: each decode's thread count is measured (llamaspec._llama.threads),
+                                  # not llama_cpp.Llama's fixed cpus // 2 and cpus (2 threads lose on a busy box)
+                                  n_threads=n_threads, n_threads_batch=n_threads_batch,
+                                  flash_attn=bool(flash_attn), kv_f32=kv_f32,
                                   n_gpu_layers_draft=ngl if n_gpu_layers_draft is None else n_gpu_layers_draft,
                                   cache_prompt=True)
         except BaseException:
