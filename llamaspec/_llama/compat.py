@@ -11,6 +11,7 @@ from typing import Any, Callable
 from llama_cpp import llama_cpp as native
 from llama_cpp import llama_chat_format as _chat_format
 from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, json_schema_to_gbnf
+from llama_cpp.llama_tokenizer import BaseLlamaTokenizer  # noqa: F401 - the base of compat's LlamaTokenizer
 from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 
 from .model import Model

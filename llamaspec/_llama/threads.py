@@ -126,7 +126,8 @@ class ThreadTuner:
             # one thread win at 1 row makes it win at 8), and is checked after its first few decodes
             near = min(self._buckets, key=lambda k: (abs(k.bit_length() - b.bit_length()), k), default=None)
             cur = self._buckets[near].cur if near is not None else self.counts[0]
-            first = self.probe_every if near is None else min(self.probe_len, self.probe_every)
+            # (the configured count chosen next door: the usual interval; another: confirm it soon)
+            first = self.probe_every if near is None or cur == self.counts[0] else min(self.probe_len, self.probe_every)
             st = self._buckets[b] = _Bucket(cur, first, self.probe_every, self.window, self.counts)
         return st
 

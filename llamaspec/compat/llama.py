@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, List, Optional, Sequence
 
 from .. import _llama as llama
 from .._llama import compat as lcp
@@ -121,8 +121,6 @@ class Llama(TokenAPI):
         self._owned_model = model
         self._model = model
         self._vocab = model.vocab
-        from .tokenizer import LlamaTokenizer
-
         #: llama_cpp.Llama's tokenizer (outlines' from_llamacpp reads the vocabulary through it)
         self.tokenizer_ = LlamaTokenizer(self)
         self._special = lcp.special_tokens(model)
@@ -220,8 +218,7 @@ class Llama(TokenAPI):
 
     def tokenizer(self):
         """``llama_cpp.Llama.tokenizer``: a new llama-cpp-python ``LlamaTokenizer`` of this model
-        (:class:`~llamaspec.compat.tokenizer.LlamaTokenizer`)."""
-        from .tokenizer import LlamaTokenizer
+        (:class:`LlamaTokenizer`)."""
 
         return LlamaTokenizer(self)
 
@@ -360,3 +357,30 @@ class Llama(TokenAPI):
         path = download(repo_id, filename, additional_files=additional_files, local_dir=local_dir,
                         cache_dir=cache_dir)
         return cls(model_path=path, **kwargs)
+
+
+class LlamaTokenizer(lcp.BaseLlamaTokenizer):
+    """``Llama.tokenizer()`` / ``Llama.tokenizer_``: llama-cpp-python's ``BaseLlamaTokenizer`` reading the model's
+    vocabulary (outlines' ``from_llamacpp`` reads it through this). The defaults are
+    ``llama_cpp.llama_tokenizer.LlamaTokenizer``'s: ``tokenize`` parses special tokens, ``detokenize`` does not,
+    ``encode`` / ``decode`` go through UTF-8 (invalid bytes dropped)."""
+
+    def __init__(self, llama: "Llama"):
+        self._llama = llama
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> List[int]:
+        return self._llama.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: List[int], prev_tokens: Optional[List[int]] = None,
+                   special: bool = False) -> bytes:
+        return self._llama.detokenize(tokens, special=special)
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> List[int]:
+        return self.tokenize(text.encode("utf-8", errors="ignore"), add_bos=add_bos, special=special)
+
+    def decode(self, tokens: List[int]) -> str:
+        return self.detokenize(tokens).decode("utf-8", errors="ignore")
+
+    @classmethod
+    def from_ggml_file(cls, path: str) -> "LlamaTokenizer":
+        return cls(Llama(model_path=path, vocab_only=True, verbose=False))
