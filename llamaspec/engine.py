@@ -46,8 +46,7 @@ from .scheduler import Scheduler
 from .stepper import Stepper, native_use
 from .slot import Chunk, FinishReason, GenerationResult, GenerationStats, Slot, SlotState
 
-__all__ = ["Engine", "Chunk", "FinishReason", "GenerationResult", "GenerationStats", "Request", "RequestState", "Slot",
-           "SlotState"]
+__all__ = ["Engine", "Chunk", "FinishReason", "GenerationResult", "GenerationStats", "Request", "RequestState", "Slot", "SlotState"]
 
 log = logging.getLogger("llamaspec")
 
@@ -84,16 +83,10 @@ class Engine:
         n_ctx: int = DEFAULT_N_CTX, n_parallel: int = 1, n_batch: int = 512, n_ubatch: int | None = None,
         n_threads: int | None = None, n_threads_draft: int | None = None,
         flash_attn: bool | None = None, kv_f32: bool = False, n_rs_seq: int | None = None,
-        drafters: "Sequence[Drafter] | None" = None,
-        n_threads_batch: int | None = None,
-        n_gpu_layers: int | None = None,
-        n_gpu_layers_draft: int | None = None,
-        main_gpu: int | None = None,
-        split_mode: str | None = None,
-        tensor_split: "Sequence[float] | None" = None,
-        cache_prompt: bool = False,
-        rpc_servers: "Sequence[str] | str | None" = None,
-        rpc_servers_draft: "Sequence[str] | str | None" = None,
+        drafters: "Sequence[Drafter] | None" = None, n_threads_batch: int | None = None,
+        n_gpu_layers: int | None = None, n_gpu_layers_draft: int | None = None, main_gpu: int | None = None,
+        split_mode: str | None = None, tensor_split: "Sequence[float] | None" = None, cache_prompt: bool = False,
+        rpc_servers: "Sequence[str] | str | None" = None, rpc_servers_draft: "Sequence[str] | str | None" = None,
         context_shift: bool = False,
     ):
         """``drafters``: your own :class:`~llamaspec.drafters.base.Drafter` objects, in priority order, used
@@ -107,12 +100,9 @@ class Engine:
         a common prefix decodes only the rest (llama-server's prompt cache; see :mod:`llamaspec.scheduler`).
         ``context_shift``: a full context drops old tokens instead of ending the request (:mod:`llamaspec.ctx_shift`).
         """
-        if n_parallel < 1:
-            raise UsageError(f"n_parallel must be >= 1, got {n_parallel}")
-        if n_ctx < 8:
-            raise UsageError(f"context size must be >= 8, got {n_ctx}")
-        if n_batch < 1:
-            raise UsageError(f"batch size must be >= 1, got {n_batch}")
+        for name, v, lo in (("n_parallel", n_parallel, 1), ("context size", n_ctx, 8), ("batch size", n_batch, 1)):
+            if v < lo:
+                raise UsageError(f"{name} must be >= {lo}, got {v}")
         if verify not in VERIFY_MODES:
             raise UsageError(f"unknown verification mode {verify!r} (valid: {', '.join(VERIFY_MODES)})")
         if spec is None:  # llamaspec's defaults: the draft model's length is adaptive up to a larger ceiling
@@ -354,8 +344,7 @@ class Engine:
                     req.finish(FinishReason.ERROR, str(e) or type(e).__name__)
 
     def _confined(self, slot: Slot, fn, *args) -> None:
-        """``fn(*args)`` for one slot; when it raises (freeing memory: an RPC server gone) the slot keeps no
-        cache whose memory may be half freed, and the other slots are settled all the same."""
+        """``fn(*args)`` for one slot; if it raises (an RPC server gone), the slot keeps no half-freed cache."""
         try:
             fn(*args)
         except Exception as e:  # noqa: BLE001
