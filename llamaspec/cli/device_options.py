@@ -36,7 +36,8 @@ def device_options(*, bench: bool = False):
         click.option("-ts", "--tensor-split", "tensor_split", metavar="N0,N1,...", default=None,
                      help="Proportion of the model on each GPU, e.g. 3,1 (default: by free memory)."),
         click.option("-t", "--threads", "threads", metavar="N", default=None,
-                     help="CPU threads for generation (default: all available cores)."),
+                     help="CPU threads for generation (default: all available cores, or fewer for each decode where "
+                          "fewer measure faster, as on a busy machine; a count given here is used as is)."),
         click.option("-tb", "--threads-batch", "threads_batch", metavar="N", default=None,
                      help="CPU threads for batch and prompt processing (default: same as -t)."),
         click.option("-td", "--threads-draft", "threads_draft", metavar="N", default=None,
