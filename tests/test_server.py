@@ -662,7 +662,8 @@ class _ScriptedEngine:
 
         self.script, self.delay = script, delay
         self.n_ctx_seq, self.n_parallel, self.chain, self.spec, self.verify = 100, 1, None, SpecParams(), "match"
-        self.model = type("M", (), {"chat_template": staticmethod(lambda: None)})()
+        self.model = type("M", (), {"chat_template": staticmethod(lambda: None), "vocab": None,
+                                    "path": Path("scripted.gguf")})()
         self.reqs = []
 
     def start(self):
