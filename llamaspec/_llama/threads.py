@@ -39,6 +39,11 @@ __all__ = ["ThreadTuner", "cpu_idle_meter"]
 #: and the idle share of all cores that triggers a probe of the configured count
 IDLE_EVERY = 8
 IDLE_SHARE = 0.3
+#: a probe ends at its first decode when that took this many times the choice's median
+ABORT = 1.5
+#: the last count that won a probe, by candidate list, in this process: where a new context starts (the machine's
+#: load is the same for every context of the process)
+_LAST_CHOICE: dict[tuple[int, ...], int] = {}
 
 
 def cpu_idle_meter(path: str = "/proc/stat") -> "Callable[[], float | None] | None":
@@ -125,9 +130,14 @@ class ThreadTuner:
             # a batch size not seen yet starts from the choice of the nearest one that was (the load that made
             # one thread win at 1 row makes it win at 8), and is checked after its first few decodes
             near = min(self._buckets, key=lambda k: (abs(k.bit_length() - b.bit_length()), k), default=None)
-            cur = self._buckets[near].cur if near is not None else self.counts[0]
-            # (the configured count chosen next door: the usual interval; another: confirm it soon)
-            first = self.probe_every if near is None or cur == self.counts[0] else min(self.probe_len, self.probe_every)
+            if near is not None:
+                cur = self._buckets[near].cur
+            else:  # the first batch size of this context: what the process's other tuners found last
+                hint = _LAST_CHOICE.get(tuple(self.counts))
+                cur = hint if hint is not None else self.counts[0]
+            # the configured count chosen next door: the usual interval; another (or nothing known): look soon
+            first = (self.probe_every if near is not None and cur == self.counts[0]
+                     else min(self.probe_len, self.probe_every))
             st = self._buckets[b] = _Bucket(cur, first, self.probe_every, self.window, self.counts)
         return st
 
@@ -167,11 +177,13 @@ class ThreadTuner:
             st.left -= 1
             return
         st.probe_left -= 1
-        if st.probe_left > 0:
+        cur_t, alt_t = st.times[st.cur], st.times[n]
+        if st.probe_left > 0 and not (len(cur_t) >= 2 and seconds > ABORT * statistics.median(cur_t)):
             return
+        # (a probe whose first decode is far slower than the choice ends there: on a busy machine a probe of
+        # two threads can cost ten times a decode, once is enough to know)
         self.n_probes += 1
         alt, st.probe = st.probe, None
-        cur_t, alt_t = st.times[st.cur], st.times[alt]
         if len(cur_t) < 2:  # nothing to compare with yet: look again soon
             st.left = self.probe_len
             return
@@ -180,6 +192,7 @@ class ThreadTuner:
             st.cur = alt
             self.n_switches += 1
             st.every = self.probe_every
+            _LAST_CHOICE[tuple(self.counts)] = alt
         elif alt_m > cur_m * 1.3:
             st.every = min(2 * st.every, self.probe_every_max)
         else:
