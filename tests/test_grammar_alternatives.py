@@ -206,3 +206,22 @@ def test_the_flag_reaches_the_limits():
     assert [x.max_grammar_alternatives for x in seen] == [0, MAX_ALTERNATIVES]
     r = CliRunner().invoke(cmd, ["--max-grammar-alternatives", "-1"])
     assert r.exit_code == 2 and "--max-grammar-alternatives" in r.output
+
+
+def test_inverted_and_huge_repetitions_are_refused_before_llama_cpp_sees_them():
+    """A repetition ``{m,n}`` with ``m > n`` (what a schema bound past 64 bits converted to) or a count over
+    MAX_REPEAT makes llama.cpp expand rules without end before the first token: refused up front, in
+    milliseconds, with what was wrong."""
+    import time
+
+    from llamaspec._llama.grammar_limits import MAX_REPEAT, check_gbnf
+    from llamaspec._llama.json_schema import json_schema_to_grammar
+
+    t0 = time.perf_counter()
+    for g, msg in (('root ::= [0-9]{19,15}', "minimum is above the maximum"),
+                   ('root ::= "a"{0,100000}', f"over the limit of {MAX_REPEAT}"),
+                   (json_schema_to_grammar({"type": "integer", "minimum": 10 ** 300}), "minimum is above the maximum")):
+        with pytest.raises(ValueError, match=msg):
+            check_gbnf(g)
+    check_gbnf('root ::= "{1,0}" [{] x{2,3}\nx ::= "a"')  # counts inside literals and classes are text
+    assert time.perf_counter() - t0 < 5.0

@@ -67,10 +67,27 @@ def gbnf_depth(text: str) -> int:
 
 
 def check_gbnf(text: str) -> None:
-    """:class:`ValueError` when ``text`` nests groups deeper than :data:`MAX_GROUP_DEPTH`."""
+    """:class:`ValueError` when ``text`` nests groups deeper than :data:`MAX_GROUP_DEPTH`, or has a repetition
+    ``{m,n}`` with ``m > n`` or a count over :data:`MAX_REPEAT` (outside literals and character classes):
+    llama.cpp expands a count into that many rules before the first token, and an inverted one without end
+    (a schema bound past 64 bits wrote ``[0-9]{19,15}``: minutes of CPU and gigabytes before any answer).
+
+    >>> check_gbnf('root ::= [0-9]{2,5} "x"{3}')
+    >>> check_gbnf('root ::= [0-9]{19,15}')
+    Traceback (most recent call last):
+    ValueError: the grammar repeats {19,15}: the minimum is above the maximum
+    """
     d = gbnf_depth(text)
     if d > MAX_GROUP_DEPTH:
         raise ValueError(f"the grammar nests {d} groups deep, over the limit of {MAX_GROUP_DEPTH}")
+    for m in _COUNT.finditer(_GBNF_SKIP.sub("", text)):
+        lo, hi = int(m.group(1)), m.group(2)
+        if hi:
+            if int(hi) < lo:
+                raise ValueError(f"the grammar repeats {{{lo},{hi}}}: the minimum is above the maximum")
+            lo = max(lo, int(hi))
+        if lo > MAX_REPEAT:
+            raise ValueError(f"the grammar repeats {lo} times, over the limit of {MAX_REPEAT} repetitions")
 
 
 def _pattern_expansion(pattern: str) -> int:
