@@ -253,8 +253,11 @@ class GatedDrafter(Drafter):
                 t0 = time.perf_counter()
                 self.inner.draft(params)
                 n_steps = max((len(dp.result) for dp in params if dp.drafting), default=0)
-                if n_steps > 0:
-                    self._step_ms.append((time.perf_counter() - t0) * 1e3 / n_steps)
+                step = self.inner.last_step_ms  # (without catching the draft context up: that is no step)
+                if step is None and n_steps > 0:
+                    step = (time.perf_counter() - t0) * 1e3 / n_steps
+                if step is not None and n_steps > 0:
+                    self._step_ms.append(step)
         finally:
             for dp in off:
                 dp.drafting = True  # the chain sees an empty result: "no draft from this drafter"

@@ -130,15 +130,14 @@ class ThreadTuner:
             # a batch size not seen yet starts from the choice of the nearest one that was (the load that made
             # one thread win at 1 row makes it win at 8), and is checked after its first few decodes
             near = min(self._buckets, key=lambda k: (abs(k.bit_length() - b.bit_length()), k), default=None)
-            if near is not None:
-                cur = self._buckets[near].cur
-            else:  # the first batch size of this context: what the process's other tuners found last
+            if near is not None:  # what next door found, and how sure it is (its probe interval)
+                cur, every = self._buckets[near].cur, self._buckets[near].every
+                first = every
+            else:  # the first batch size of this context: what the process's other tuners found last, if any
                 hint = _LAST_CHOICE.get(tuple(self.counts))
-                cur = hint if hint is not None else self.counts[0]
-            # the configured count chosen next door: the usual interval; another (or nothing known): look soon
-            first = (self.probe_every if near is not None and cur == self.counts[0]
-                     else min(self.probe_len, self.probe_every))
-            st = self._buckets[b] = _Bucket(cur, first, self.probe_every, self.window, self.counts)
+                cur, every = (hint, self.probe_every) if hint is not None else (self.counts[0], self.probe_every)
+                first = self.probe_every if hint is not None else min(self.probe_len, self.probe_every)
+            st = self._buckets[b] = _Bucket(cur, first, every, self.window, self.counts)
         return st
 
     def choice(self, n_rows: int) -> int:

@@ -65,6 +65,9 @@ class Drafter:
 
     type: str = "none"
     reuse_kv: bool = False
+    #: ms of one drafting step in the last ``draft()``, without the catching up before it (draft models set it;
+    #: None: not measured, the caller times the whole call): what the auto gate prices a drafted token at
+    last_step_ms: "float | None" = None
 
     def __init__(self, n_seq: int):
         self.n_seq = n_seq

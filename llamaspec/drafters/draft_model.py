@@ -15,6 +15,7 @@ per drafted token in ``DraftParams.probs``.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -334,6 +335,8 @@ class DraftSimple(Drafter):
             self._decoded[s] = None
         if self.reuse_kv and not self._catch_up(params, active):
             return
+        t0, n_steps = time.perf_counter(), 1
+        self.last_step_ms = None
         if not self._decode_step([llama.Row(params[s].id_last, params[s].pos0, s, True) for s in active]):
             return
         i = 0
@@ -356,7 +359,9 @@ class DraftSimple(Drafter):
                 next_active.append(s)
             if not next_rows or not self._decode_step(next_rows):
                 break
+            n_steps += 1
             active = next_active
             i += 1
+        self.last_step_ms = (time.perf_counter() - t0) * 1e3 / n_steps
         for s in requested:
             drop_short(params[s], params[s].n_min_or(self.params.n_min))
