@@ -1,0 +1,272 @@
+"""JSON-constrained text at temperature 0: the reference llama-server (native/bin, scripts/build_llama_cpp.sh) and
+a real ``llamaspec serve`` on the same model and the same requests, ``json_schema`` on ``/completion`` and
+``response_format`` ``json_schema`` on ``/v1/chat/completions``, for the schemas of llama.cpp's own server and
+converter tests and those instructor / pydantic-ai / LangChain send (pydantic v2's ``model_json_schema``).
+
+Near-tie-aware (issue 35): where the two texts differ, the first differing token is found in the tokens both
+servers report (``n_probs`` / ``top_logprobs``), and the difference passes only when the two candidates were
+within ``TOL`` of each other in *both* servers' log-probabilities at that position (the shared prefix: the
+same context). Both servers report the probabilities before sampling (the raw softmax), so the gap of two
+tokens the grammar allows is their logit gap. Anything else -- a candidate one server does not list, one
+server ending where the other goes on, a gap over ``TOL`` -- is a divergence and fails.
+
+Run (prints the counts per route)::
+
+    nice -n 15 python -m pytest tests/test_schema_text_parity.py -m real -s
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from helpers import real_model, wait_for_native_server
+
+ROOT = Path(__file__).resolve().parents[1]
+NATIVE = ROOT / "native" / "bin" / "llama-server"
+TOL = 0.02  # nats; the two builds' log-probabilities of one token at one position differ by ~1e-3 at most
+N_PREDICT = 48
+N_PROBS = 20
+
+pytestmark = [pytest.mark.real,
+              pytest.mark.skipif(not NATIVE.exists(),
+                                 reason="native llama-server not built (scripts/build_llama_cpp.sh); CI has none")]
+
+# (name, what the prompt asks for, schema)
+SCHEMAS = [
+    # pydantic v2 models as the libraries send them
+    ("user", "a user", {"properties": {"name": {"title": "Name", "type": "string"},
+                                       "age": {"title": "Age", "type": "integer"}},
+                        "required": ["name", "age"], "title": "User", "type": "object"}),
+    ("defs ref + array", "a place and its tags",
+     {"$defs": {"Place": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"}},
+      "properties": {"place": {"$ref": "#/$defs/Place"}, "tags": {"items": {"type": "string"}, "type": "array"}},
+      "required": ["place"], "type": "object"}),
+    ("enum + nullable number", "an answer and a score",
+     {"properties": {"answer": {"enum": ["yes", "no"], "type": "string"},
+                     "score": {"anyOf": [{"type": "number"}, {"type": "null"}], "default": None}},
+      "required": ["answer"], "type": "object", "additionalProperties": False}),
+    ("enum class in defs", "a colour",
+     {"$defs": {"Color": {"enum": ["red", "green", "blue"], "title": "Color", "type": "string"}},
+      "properties": {"color": {"$ref": "#/$defs/Color"}, "label": {"title": "Label", "type": "string"}},
+      "required": ["color", "label"], "title": "Paint", "type": "object"}),
+    ("list of models", "a shopping list",
+     {"$defs": {"Item": {"properties": {"name": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
+                         "required": ["name", "qty"], "title": "Item", "type": "object"}},
+      "properties": {"items": {"items": {"$ref": "#/$defs/Item"}, "title": "Items", "type": "array"}},
+      "required": ["items"], "title": "Cart", "type": "object"}),
+    ("optional str", "a person with an optional nickname",
+     {"properties": {"name": {"type": "string"},
+                     "nickname": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}},
+      "required": ["name"], "type": "object"}),
+    ("literal", "a pet",
+     {"properties": {"kind": {"const": "cat", "type": "string"}, "name": {"type": "string"}},
+      "required": ["kind", "name"], "type": "object"}),
+    ("instructor tags maxItems", "a blog post",
+     {"properties": {"title": {"type": "string"},
+                     "tags": {"items": {"type": "string"}, "maxItems": 3, "type": "array"}},
+      "required": ["title", "tags"], "title": "Post", "type": "object"}),
+    ("nested objects", "a person with an address",
+     {"type": "object", "properties": {"person": {"type": "object", "properties": {
+         "name": {"type": "string"},
+         "address": {"type": "object", "properties": {"street": {"type": "string"}, "zip": {"type": "string"}},
+                     "required": ["street", "zip"]}}, "required": ["name", "address"]}},
+      "required": ["person"]}),
+    ("recursive tree", "a tree of numbers",
+     {"$defs": {"Node": {"type": "object", "properties": {
+         "value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+         "required": ["value", "children"]}}, "$ref": "#/$defs/Node"}),
+    # llama.cpp's server and converter tests
+    ("const", "the answer", {"const": "42"}),
+    ("integer array min/max items", "a few lottery numbers",
+     {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 4}),
+    ("bounded integers", "a time of day",
+     {"type": "object", "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                                       "minute": {"type": "integer", "minimum": 0, "maximum": 59}},
+      "required": ["hour", "minute"]}),
+    ("integer across zero", "a temperature", {"type": "integer", "minimum": -10, "maximum": 10}),
+    ("string pattern", "a flight code",
+     {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"}},
+      "required": ["code"]}),
+    ("pattern alternation", "a yes or no", {"type": "string", "pattern": "^(yes|no|maybe)$"}),
+    ("formats", "an event",
+     {"type": "object", "properties": {"date": {"type": "string", "format": "date"},
+                                       "id": {"type": "string", "format": "uuid"},
+                                       "at": {"type": "string", "format": "date-time"}},
+      "required": ["date", "id", "at"]}),
+    ("string length", "a nickname", {"type": "string", "minLength": 3, "maxLength": 8}),
+    ("all optional", "some settings",
+     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
+                                       "c": {"type": "boolean"}}}),
+    ("required + optional + closed", "a product",
+     {"type": "object", "properties": {"sku": {"type": "string"}, "price": {"type": "number"},
+                                       "note": {"type": "string"}},
+      "required": ["sku", "price"], "additionalProperties": False}),
+    ("additional props typed", "word counts",
+     {"type": "object", "additionalProperties": {"type": "integer"}}),
+    ("boolean", "whether the sky is blue", {"type": "boolean"}),
+    ("number", "the value of pi", {"type": "number"}),
+    ("tuple", "a name and an age", {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}]}),
+    ("string enum", "a traffic light colour", {"enum": ["red", "amber", "green"]}),
+    ("non-string enum", "a value", {"enum": [1, "two", None, True]}),
+    ("anyOf", "an identifier", {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 6}]}),
+    ("allOf", "a labelled point",
+     {"allOf": [{"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                 "required": ["x", "y"]},
+                {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}]}),
+    ("nested arrays", "a 2x2 matrix",
+     {"type": "array", "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+      "minItems": 2, "maxItems": 2}),
+    ("unconstrained", "anything", {"description": "any JSON value"}),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _post(port: int, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{path} on :{port}: {e.code} {e.read()[:500]!r}") from None
+
+
+@pytest.fixture(scope="module")
+def servers(request):
+    """(native port, llamaspec port): both on SmolLM2-135M Q4_1, one slot, one thread each; ``request.param``
+    "jinja" (both servers' default) or "no-jinja" (llama.cpp's built-in templates)."""
+    model = str(real_model("smollm2-135m-q4_1"))
+    ports = _free_port(), _free_port()
+    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent.parent / "lib"))
+    common = ["-m", model, "-np", "1", "-c", "2048", "-t", "1", f"--{request.param}"]
+    procs = [subprocess.Popen([str(NATIVE), *common, "--port", str(ports[0])], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, env=env),
+             subprocess.Popen([sys.executable, "-m", "llamaspec", "serve", *common, "--port", str(ports[1])],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)]
+    try:
+        for port, proc in zip(ports, procs):
+            wait_for_native_server(proc, f"http://127.0.0.1:{port}")
+        yield ports
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+def classify(native: list[dict], ours: list[dict], tol: float = TOL) -> tuple[str, str]:
+    """``identical``, ``near-tie`` or ``divergent`` for two greedy outputs given as their per-token entries
+    (``{"id", "logprob", "top_logprobs": [{"id", "logprob"}, ...]}``), with what was found."""
+    # llama-server lists the end-of-generation token that stopped it (no bytes, no text); llamaspec does not
+    native, ours = (es[:-1] if es and not es[-1]["bytes"] else es for es in (native, ours))
+    a, b = [e["id"] for e in native], [e["id"] for e in ours]
+    if a == b:
+        return "identical", ""
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if k >= len(a) or k >= len(b):
+        return "divergent", f"one output ends at token {k} where the other goes on ({len(a)} vs {len(b)} tokens)"
+    ta, tb = a[k], b[k]
+
+    def lp(entry: dict, tok: int) -> float | None:
+        if entry["id"] == tok:
+            return entry["logprob"]
+        return next((t["logprob"] for t in entry["top_logprobs"] if t["id"] == tok), None)
+
+    gaps = []
+    for who, e in (("llama-server", native[k]), ("llamaspec", ours[k])):
+        la, lb = lp(e, ta), lp(e, tb)
+        if la is None or lb is None:
+            return "divergent", (f"token {k}: {ta} vs {tb}; {who} does not list "
+                                 f"{tb if lb is None else ta} in its top {N_PROBS}")
+        gaps.append(abs(la - lb))
+    what = f"token {k}: {ta} vs {tb}, log-prob gap {gaps[0]:.5f} (llama-server) / {gaps[1]:.5f} (llamaspec)"
+    return ("near-tie" if max(gaps) <= tol else "divergent"), what
+
+
+def test_classify_tells_a_near_tie_from_a_divergence():
+    """The classifier itself: a swap of two tokens within TOL is a near-tie, over TOL or unlisted it is not."""
+    def e(tok, lp, *top):
+        return {"id": tok, "logprob": lp, "bytes": [tok], "top_logprobs": [{"id": t, "logprob": p} for t, p in top]}
+
+    same = [e(1, -0.1, (1, -0.1))]
+    assert classify(same, same) == ("identical", "")
+    near_a = same + [e(5, -0.70, (5, -0.70), (6, -0.705))]
+    near_b = same + [e(6, -0.704, (6, -0.704), (5, -0.701))]
+    assert classify(near_a, near_b)[0] == "near-tie"
+    far_b = same + [e(6, -0.70, (6, -0.70), (5, -0.9))]
+    assert classify(near_a, far_b)[0] == "divergent"
+    assert classify(near_a, same + [e(6, -0.70, (6, -0.70))])[0] == "divergent"  # 5 not listed
+    assert classify(near_a, same)[0] == "divergent"  # one ends
+    eog = {"id": 0, "logprob": -1.0, "bytes": [], "top_logprobs": []}
+    assert classify(same + [eog], same) == ("identical", "")
+
+
+def _report(route: str, results: list[tuple[str, str, str]]) -> None:
+    counts = {k: sum(r[1] == k for r in results) for k in ("identical", "near-tie", "divergent")}
+    print(f"\n{route}: {counts['identical']} identical, {counts['near-tie']} near-tie, "
+          f"{counts['divergent']} divergent of {len(results)} schemas")
+    for name, kind, what in results:
+        if kind != "identical":
+            print(f"  {kind}: {name}: {what}")
+    bad = [r for r in results if r[1] == "divergent"]
+    assert not bad, f"{route}: divergent from llama-server: {bad}"
+    assert counts["identical"] + counts["near-tie"] >= 20
+
+
+@pytest.mark.parametrize("servers", ["jinja"], indirect=True)
+def test_completion_json_schema_text_equals_llama_servers(servers):
+    """``json_schema`` on ``/completion``: the same grammar text, and the same text up to near-ties."""
+    results = []
+    for name, what, schema in SCHEMAS:
+        body = {"prompt": f"Here is {what}, written as JSON:\n", "json_schema": schema, "n_predict": N_PREDICT,
+                "temperature": 0, "seed": 42, "n_probs": N_PROBS, "cache_prompt": False}
+        n, o = (_post(p, "/completion", body) for p in servers)
+        assert o["generation_settings"]["grammar"] == n["generation_settings"]["grammar"], name
+        kind, detail = classify(n["completion_probabilities"], o["completion_probabilities"])
+        if kind == "identical":
+            assert o["content"] == n["content"], name
+            assert o["stop_type"] == n["stop_type"], name
+        results.append((name, kind, detail or repr(n["content"][:60])))
+    _report("/completion json_schema", results)
+
+
+JINJA_WRAPPER = ("llama-server's Jinja chat path (the differential autoparser, chat format peg-native) wraps a "
+                 "response_format schema: root ::= space space (\"```json\" space SCHEMA space \"```\" | space SCHEMA "
+                 "space), then parses the fence away; SmolLM2 opens with ``` on every schema, llamaspec's chat grammar "
+                 "is the bare schema's")
+
+
+@pytest.mark.parametrize("servers", [
+    "no-jinja",
+    pytest.param("jinja", marks=pytest.mark.xfail(strict=True, reason=JINJA_WRAPPER)),
+], indirect=True)
+def test_chat_response_format_text_equals_llama_servers(servers):
+    """``response_format`` ``json_schema`` on ``/v1/chat/completions``: the same message text up to near-ties.
+    With --no-jinja llama-server's grammar is the schema's; with Jinja it is not (JINJA_WRAPPER, strict xfail:
+    it fails once llamaspec builds the wrapper, to drop the mark)."""
+    results = []
+    for name, what, schema in SCHEMAS:
+        body = {"messages": [{"role": "system", "content": "You reply with JSON."},
+                             {"role": "user", "content": f"Give me {what}."}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "out", "schema": schema}},
+                "max_tokens": N_PREDICT, "temperature": 0, "seed": 42, "logprobs": True,
+                "top_logprobs": N_PROBS}
+        n, o = (_post(p, "/v1/chat/completions", body)["choices"][0] for p in servers)
+        kind, detail = classify(n["logprobs"]["content"], o["logprobs"]["content"])
+        if kind == "identical":
+            assert o["message"]["content"] == n["message"]["content"], name
+            assert o["finish_reason"] == n["finish_reason"], name
+        results.append((name, kind, detail or repr(n["message"]["content"][:60])))
+    _report("/v1/chat/completions response_format", results)
