@@ -141,5 +141,5 @@ async def infill(request: HttpRequest):
                            n_batch=eng.ctx.n_batch, n_predict=state.config.defaults.n_predict, n_ctx=eng.n_ctx_seq,
                            spm=state.config.spm_infill, bos=vocab.bos if vocab.add_bos and vocab.bos >= 0 else None)]
 
-    gen, group = await _generation(state, b, prompts)
+    gen, group = await _generation(state, b, prompts, request=request)
     return _respond(state, gen, group, lambda: NativeRenderer(state, gen, _model_name(b, state)))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 import anyio
 
 from ..slot import Chunk, FinishReason
+from . import cancel
 from .errors import ApiError, unavailable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,13 +36,37 @@ WORKERS = 4
 _LIMITERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter]" = weakref.WeakKeyDictionary()
 
 
-async def in_worker(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` in one of :data:`WORKERS` threads, off the event loop."""
+async def in_worker(fn: Callable[..., Any], *args: Any, request: Any = None) -> Any:
+    """``fn(*args)`` in one of :data:`WORKERS` threads, off the event loop. With ``request`` (a Starlette
+    request whose body was read) the work is abandoned when its client disconnects meanwhile: its ASGI
+    ``receive`` is watched for ``http.disconnect`` and the work's :class:`~llamaspec.server.cancel.Flag` set, which
+    its loops check (:func:`llamaspec.server.cancel.check`); a SIGTERM's drain sets it too."""
     loop = asyncio.get_running_loop()
     limiter = _LIMITERS.get(loop)
     if limiter is None:
         limiter = _LIMITERS[loop] = anyio.CapacityLimiter(WORKERS)
-    return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+    if request is None:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+    flag = cancel.Flag()
+    cancel.register(flag)
+    watcher = loop.create_task(_watch_disconnect(request.receive, flag))
+    try:
+        return await anyio.to_thread.run_sync(cancel.run_flagged, flag, fn, *args, limiter=limiter)
+    except cancel.Abandoned as e:
+        cancel.note_stopped(request.url.path, e.error)
+        raise e.error from None
+    finally:
+        watcher.cancel()
+        await asyncio.wait({watcher})  # done before the response listens to receive itself (an outer cancel raises)
+
+
+async def _watch_disconnect(receive: Callable[[], Any], flag: "cancel.Flag") -> None:
+    """Set ``flag`` once the client disconnects (the body was read: ``receive`` has nothing else to say)."""
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            flag.set(cancel.client_gone())
+            return
 
 
 class JobGroup:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 from .. import _llama as llama
 from ..errors import UsageError
 from ..params import RequestSpec
+from . import cancel
 from .constraints import JSON_GRAMMAR, parse_grammar, parse_logit_bias
 from .errors import exceed_context, invalid
 from .limits import Limits, check_chars, check_generations, over, parse_json
@@ -418,6 +419,8 @@ def parse_messages(b: Body, limits: Limits | None = None) -> list[dict[str, str]
         raise invalid(f"Field '{k}': expected a non-empty list of messages")
     out = []
     for i, m in enumerate(v):
+        if i % cancel.EVERY == 0:  # stop when the client left
+            cancel.check()
         if not isinstance(m, dict):
             raise invalid(f"Field 'messages[{i}]': expected an object with 'role' and 'content'")
         role = m.get("role")

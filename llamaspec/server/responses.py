@@ -28,7 +28,7 @@ import uuid
 import logging
 from typing import TYPE_CHECKING, Any
 
-from . import formats
+from . import cancel, formats
 from .errors import invalid
 from .respond import Renderer, dumps
 from .tools import ToolSpec, ToolStream, parse_output
@@ -109,6 +109,8 @@ def _output_parts(where: str, parts: list) -> list[dict]:
 def _messages(items: list) -> list[dict]:
     msgs: list[dict] = []
     for i, item in enumerate(items):
+        if i % cancel.EVERY == 0:  # 100k items take a second: stop when the client left
+            cancel.check()
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise invalid(f"Field '{where}': expected an input item (an object with 'role' and 'content')")

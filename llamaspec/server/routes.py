@@ -14,10 +14,12 @@ from . import formats
 from .chat_prompt import chat_prompt
 from .constraints import check_alternatives
 from .errors import ApiError, api_error, exceed_context, invalid, not_supported, unavailable
+from . import cancel
 from .jobs import JobGroup, in_worker
 from .respond import GenerationResponse
 from .limits import check_chars, check_generations, read_body
 from .metrics import render as render_metrics
+from .prompt_bound import check_prompt
 from .parsing import Body, GenParams, parse_gen_params, parse_json, parse_messages, parse_prompts
 from .render import SYSTEM_FINGERPRINT, ChatRenderer, CompletionRenderer, NativeRenderer, generation_settings
 from .responses import ResponsesRenderer, to_chat
@@ -38,9 +40,17 @@ __all__ = ["submit", "completions_oai", "completion_native", "chat_completions",
 # ---------------------------------------------------------------------------------------------------
 def _tokenizer(eng: "Engine"):
     def tokenize(text: str, add_special: bool) -> list[int]:
-        return eng.tokenize(text, add_special=add_special, parse_special=True)
+        return _tokenize_prompt(eng, text, add_special)
 
     return tokenize
+
+
+def _tokenize_prompt(eng: "Engine", text: str, add_special: bool = True) -> list[int]:
+    """A prompt's tokens (special tokens parsed); a 400 before llama.cpp sees it when its special-token texts
+    alone are too many for the slot's context (:mod:`~llamaspec.server.prompt_bound`)."""
+    check_prompt(eng.vocab, text, eng.n_ctx_seq)
+    cancel.check()
+    return eng.tokenize(text, add_special=add_special, parse_special=True)
 
 
 def _submit_kwargs(eng: "Engine", gen: GenParams) -> dict:
@@ -97,7 +107,7 @@ async def _body(request: HttpRequest) -> Body:
     limits = _state(request).config.limits
     raw = await read_body(request, limits)  # 413 past --max-body-size
     if len(raw) > 65536:  # a large body is parsed off the event loop
-        return Body(await in_worker(parse_json, raw, limits), len(raw))
+        return Body(await in_worker(parse_json, raw, limits, request=request), len(raw))
     return Body(parse_json(raw, limits), len(raw))
 
 
@@ -125,11 +135,11 @@ def _inline(b: Body) -> bool:
     return isinstance(n, int) and n_prompts * n <= INLINE_REQUESTS
 
 
-async def _generation(state: ServerState, b: Body, prompts,
-                      tools: ToolSpec | None = None) -> tuple[GenParams, JobGroup]:
+async def _generation(state: ServerState, b: Body, prompts, tools: ToolSpec | None = None,
+                      request: HttpRequest | None = None) -> tuple[GenParams, JobGroup]:
     """Parse, tokenise (``prompts(b, gen)``: the token lists) and submit, in a worker thread unless the request
     is small (:func:`_inline`); ``tools``: the chat request's (a forced ``tool_choice`` constrains the output
-    with their grammar)."""
+    with their grammar); ``request``: its HTTP request (the work stops when its client leaves)."""
     eng = state.need_engine()
 
     def work() -> tuple[GenParams, JobGroup]:
@@ -144,7 +154,7 @@ async def _generation(state: ServerState, b: Body, prompts,
             check_alternatives("tools", gen.sampling.grammar, state.config.limits.max_grammar_alternatives)
         return gen, submit(state, prompts(b, gen), gen)
 
-    return work() if _inline(b) else await in_worker(work)
+    return work() if _inline(b) else await in_worker(work, request=request)
 
 
 def _respond(state: ServerState, gen: GenParams, group: JobGroup, renderer) -> GenerationResponse:
@@ -184,7 +194,7 @@ async def completions_oai(request: HttpRequest):
     eng = state.need_engine()
     b = await _body(request)
     verbose = _verbose(b, state)
-    gen, group = await _generation(state, b, _completion_prompts(state, eng))
+    gen, group = await _generation(state, b, _completion_prompts(state, eng), request=request)
     return _respond(state, gen, group, lambda: CompletionRenderer(state, gen, _model_name(b, state), "cmpl",
                                                                   verbose=verbose))
 
@@ -193,7 +203,7 @@ async def completion_native(request: HttpRequest):
     state = _state(request)
     eng = state.need_engine()
     b = await _body(request)
-    gen, group = await _generation(state, b, _completion_prompts(state, eng))
+    gen, group = await _generation(state, b, _completion_prompts(state, eng), request=request)
     return _respond(state, gen, group, lambda: NativeRenderer(state, gen, _model_name(b, state)))
 
 
@@ -201,7 +211,7 @@ def _chat_prompts(state: ServerState, eng: "Engine"):
     """How the chat routes read their prompt (``_generation``'s prompt parser): the messages, templated."""
     def prompt(b: Body, gen: GenParams) -> list[list[int]]:
         text = chat_prompt(state, b.data, parse_messages(b, state.config.limits))
-        return [eng.tokenize(text, add_special=True, parse_special=True)]
+        return [_tokenize_prompt(eng, text)]
 
     return prompt
 
@@ -212,7 +222,7 @@ async def chat_completions(request: HttpRequest):
     b = await _body(request)
     verbose = _verbose(b, state)
     tools = parse_tools(b.data)  # 400 on bad tools before anything runs
-    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools)
+    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools, request=request)
     return _respond(state, gen, group, lambda: ChatRenderer(state, gen, _model_name(b, state), "chatcmpl",
                                                             verbose=verbose, tools=tools))
 
@@ -223,8 +233,9 @@ async def responses(request: HttpRequest):
     eng = state.need_engine()
     raw = await _body(request)
     # off the event loop: the input list's length is the client's (100k items take seconds)
-    b, tools = await in_worker(lambda: (lambda b: (b, parse_tools(b.data)))(Body(to_chat(raw.data), raw.size)))
-    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools)
+    b, tools = await in_worker(lambda: (lambda b: (b, parse_tools(b.data)))(Body(to_chat(raw.data), raw.size)),
+                               request=request)
+    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools, request=request)
     return _respond(state, gen, group, lambda: ResponsesRenderer(state, gen, _model_name(b, state), tools))
 
 
@@ -235,7 +246,7 @@ async def apply_template(request: HttpRequest):
     b = await _body(request)
     # off the event loop, as every piece of work whose size the client chooses (the messages: 250k of them)
     return await in_worker(lambda: JSONResponse(
-        {"prompt": chat_prompt(state, b.data, parse_messages(b, state.config.limits))}))
+        {"prompt": chat_prompt(state, b.data, parse_messages(b, state.config.limits))}), request=request)
 
 
 async def chat_input_tokens(request: HttpRequest):
@@ -248,7 +259,7 @@ async def chat_input_tokens(request: HttpRequest):
         text = chat_prompt(state, b.data, parse_messages(b, state.config.limits))
         return JSONResponse({"input_tokens": len(eng.tokenize(text, add_special=True, parse_special=True))})
 
-    return await in_worker(count)
+    return await in_worker(count, request=request)
 
 
 async def health(request: HttpRequest):
@@ -300,7 +311,9 @@ async def tokenize(request: HttpRequest):
         if not with_pieces:
             return _json_list("tokens", toks)
         out = []
-        for t in toks:
+        for i, t in enumerate(toks):
+            if i % cancel.EVERY == 0:
+                cancel.check()
             raw = eng.vocab.token_to_piece(t, special=True)
             try:
                 piece: Any = raw.decode("utf-8")
@@ -309,14 +322,16 @@ async def tokenize(request: HttpRequest):
             out.append({"id": t, "piece": piece})
         return _json_list("tokens", out)
 
-    return await in_worker(work)
+    return await in_worker(work, request=request)
 
 
 def _json_list(key: str, items: list, step: int = 8192) -> Response:
     """``{key: items}`` as JSON, encoded a slice at a time: one ``json.dumps`` of millions of items would hold
     the interpreter's lock for a second, and the event loop with it."""
-    parts = [json.dumps(items[i:i + step], ensure_ascii=False, separators=(",", ":"))[1:-1]
-             for i in range(0, len(items), step)]
+    parts = []
+    for i in range(0, len(items), step):
+        cancel.check()
+        parts.append(json.dumps(items[i:i + step], ensure_ascii=False, separators=(",", ":"))[1:-1])
     return Response(f'{{{json.dumps(key)}:[{",".join(parts)}]}}'.encode("utf-8"), media_type="application/json")
 
 
@@ -338,7 +353,7 @@ async def detokenize(request: HttpRequest):
         return JSONResponse({"content": eng.vocab.detokenize(toks, unparse_special=True)})
 
     # a long list (a body holds a million and more) off the event loop
-    return work() if not isinstance(toks, list) or len(toks) <= 4096 else await in_worker(work)
+    return work() if not isinstance(toks, list) or len(toks) <= 4096 else await in_worker(work, request=request)
 
 
 def _slot_json(state: ServerState, eng: "Engine", info: dict) -> dict:

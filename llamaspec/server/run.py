@@ -19,7 +19,9 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import LlamaSpecError
+from . import cancel
 from .app import ServerConfig, ServerState, create_app
+from .errors import unavailable
 from .protocol import head_buffer_size, protocol_class
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -230,8 +232,10 @@ class _Drain:
             return False
         self.started = time.monotonic()
         self.state.draining = True
-        log.warning("SIGTERM: draining (%d request(s) running; at most %.0f s); a second SIGTERM stops at once",
-                    self.state.n_groups, self.timeout)
+        # prompts still being prepared in worker threads would only get the drain's 503: stop them now
+        n_work = cancel.cancel_all(unavailable("the server is shutting down"))
+        log.warning("SIGTERM: draining (%d request(s) running, %d being prepared; at most %.0f s); a second "
+                    "SIGTERM stops at once", self.state.n_groups, n_work, self.timeout)
         return True
 
     def tick(self, server) -> None:

@@ -1,0 +1,102 @@
+"""A prompt's tokens bounded from below before llama.cpp tokenises it (issue 36).
+
+llama.cpp splits a text at every occurrence of a special token's text before it tokenises the pieces, and that
+split costs time quadratic in the occurrences (SmolLM2-135M, ``<|im_start|>`` repeated: 20,000 take 0.6 s,
+100,000 some 20 s; a chat of 100k messages renders 200k of them), all of it in one native call nothing can
+interrupt. Each occurrence becomes one token, so counting them first is a lower bound on the prompt's tokens:
+a prompt with as many as the slot's context is refused (400 ``exceed_context_size_error``) in milliseconds,
+and one that may fit has fewer than ``n_ctx`` occurrences (a bounded split). The count is one scan of the text
+with a regular expression built once per vocabulary, a trie of the texts llama.cpp splits at (control and
+unknown tokens when special tokens are parsed, user-defined ones always), so its cost does not grow with the
+number of special tokens (Gemma 3 has thousands). Special texts are delimited (``<|...|>``, ``<...>``), so no
+two occurrences overlap: the count is the tokens llama.cpp makes of them.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+from llama_cpp import llama_cpp as native
+
+from . import cancel
+from .errors import exceed_context
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .._llama.vocab import Vocab
+
+_CACHE: "weakref.WeakKeyDictionary[Vocab, tuple[re.Pattern | None, re.Pattern | None]]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def trie_pattern(texts) -> re.Pattern | None:
+    """One regular expression matching any of ``texts`` (longest first at a position), as a trie: each step
+    reads one character, whatever the number of texts; ``None`` when there are none.
+
+    >>> p = trie_pattern(["<|im_start|>", "<|im_end|>", "<s>", "<s>x"])
+    >>> [m.group() for m in p.finditer("a<s>xb<|im_end|><|im_start|><s")]
+    ['<s>x', '<|im_end|>', '<|im_start|>']
+    """
+    trie: dict = {}
+    for t in texts:
+        if t:
+            node = trie
+            for ch in t:
+                node = node.setdefault(ch, {})
+            node[None] = True
+
+    def emit(node: dict) -> str:
+        end = None in node
+        alts = [re.escape(ch) + emit(sub) for ch, sub in sorted((k, v) for k, v in node.items() if k is not None)]
+        if not alts:
+            return ""
+        if len(alts) == 1 and not end:
+            return alts[0]
+        return "(?:" + "|".join(alts) + ")" + ("?" if end else "")
+
+    return re.compile(emit(trie)) if trie else None
+
+
+def _patterns(vocab: "Vocab") -> tuple[re.Pattern | None, re.Pattern | None]:
+    """(texts split at with parse_special, without): built once per vocabulary."""
+    with _LOCK:
+        got = _CACHE.get(vocab)
+        if got is not None:
+            return got
+        ptr = vocab.ptr
+        special, plain = [], []
+        for t in range(vocab.n_tokens):
+            attr = native.llama_vocab_get_attr(ptr, t)
+            if not attr & (native.LLAMA_TOKEN_ATTR_CONTROL | native.LLAMA_TOKEN_ATTR_UNKNOWN
+                           | native.LLAMA_TOKEN_ATTR_USER_DEFINED):
+                continue
+            text = vocab.get_text(t).decode("utf-8", "replace")
+            special.append(text)
+            if attr & native.LLAMA_TOKEN_ATTR_USER_DEFINED:
+                plain.append(text)
+        got = _CACHE[vocab] = (trie_pattern(special), trie_pattern(plain))
+        return got
+
+
+def count_special(vocab: "Vocab", text: str, *, parse_special: bool = True) -> int:
+    """How many special-token texts llama.cpp will split ``text`` at (each one token); checks the work's
+    cancellation flag as it counts."""
+    pattern = _patterns(vocab)[0 if parse_special else 1]
+    if pattern is None:
+        return 0
+    n = 0
+    for n, _ in enumerate(pattern.finditer(text), 1):
+        if n % cancel.EVERY == 0:
+            cancel.check()
+    return n
+
+
+def check_prompt(vocab: "Vocab", text: str, n_ctx: int, *, parse_special: bool = True) -> None:
+    """400 ``exceed_context_size_error`` before tokenising when ``text`` holds ``n_ctx`` or more special-token
+    texts (the message counts them: at least that many tokens)."""
+    if len(text) < n_ctx:  # every special text is a character at least: fewer cannot hold n_ctx of them
+        return
+    n = count_special(vocab, text, parse_special=parse_special)
+    if n >= n_ctx:
+        raise exceed_context(n, n_ctx)
