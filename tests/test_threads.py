@@ -40,9 +40,12 @@ def test_moves_to_one_thread_under_load_and_back():
 
 
 def test_without_idle_cores_one_thread_stays():
+    """Once one thread won, two are not tried again while the OS reports no idle core: on a busy machine such a
+    probe costs up to ten decodes."""
     t = ThreadTuner([2, 1], lambda k: None, idle_share=lambda: 0.0)
     used = drive(t, 400, lambda k: 0.030 if k == 2 else 0.012)
-    assert used[200:].count(2) / 200 < 0.03
+    first = used.index(1)
+    assert used[first + 8:].count(2) == 0
 
 
 def test_a_new_batch_size_starts_from_the_nearest_choice():

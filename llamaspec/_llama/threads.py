@@ -150,9 +150,15 @@ class ThreadTuner:
         if st.probe is None and len(self.counts) > 1:
             alt = None
             if st.left <= 0:
-                alts = [c for c in self.counts if c != st.cur]
-                alt = alts[st.next_alt % len(alts)]
-                st.next_alt += 1
+                # more threads than now can only be faster where cores are idle: while the OS sees none (another
+                # process has them) only fewer are tried (a two-thread probe on a busy box costs up to 10x a decode)
+                alts = [c for c in self.counts if c < st.cur or (c > st.cur and self._idle_now())]
+                if alts:
+                    alt = alts[st.next_alt % len(alts)]
+                    st.next_alt += 1
+                else:
+                    st.every = min(2 * st.every, self.probe_every_max)
+                    st.left = st.every
             elif st.cur < self.counts[0] and self._cores_went_idle():
                 alt = self.counts[0]  # the load is gone: try the configured count now, not in a hundred decodes
             if alt is not None:
@@ -197,6 +203,13 @@ class ThreadTuner:
         else:
             st.every = self.probe_every
         st.left = st.every
+
+    def _idle_now(self) -> bool:
+        """Whether the cores were idle for at least ``IDLE_SHARE`` since the last look (True without a meter)."""
+        if self.idle_share is None:
+            return True
+        share = self.idle_share()
+        return share is None or share >= IDLE_SHARE
 
     def _cores_went_idle(self) -> bool:
         """Every ``IDLE_EVERY`` decodes: were the machine's cores idle for at least ``IDLE_SHARE`` of the time
