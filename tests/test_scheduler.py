@@ -187,6 +187,22 @@ def test_sliding_window_cache_is_not_trimmed_into_a_pruned_window(tmp_path):
     assert [r1.tokens, r3.tokens] == fresh and r2.tokens == r1.tokens
 
 
+def _release_fails_once(eng, monkeypatch) -> list:
+    """The target's ``release`` raises on its first call (an RPC server gone), then frees as before; returns the
+    list of the seq ids it was called with."""
+    release = eng.rollback_tgt.release
+    calls: list = []
+
+    def failing_once(seq_id):
+        calls.append(seq_id)
+        if len(calls) == 1:
+            raise LlamaSpecError("the RPC server is gone")
+        return release(seq_id)
+
+    monkeypatch.setattr(eng.rollback_tgt, "release", failing_once)
+    return calls
+
+
 def test_a_failing_cancel_drops_no_later_cancel(tiny_model, monkeypatch):
     """Cancels queued together are applied one by one: when freeing the first one's memory fails (an RPC
     server gone), the second is still cancelled, and both requests end (their consumers would wait forever)."""
@@ -195,16 +211,7 @@ def test_a_failing_cancel_drops_no_later_cancel(tiny_model, monkeypatch):
         for _ in range(3):
             eng.step()
         assert all(r.state is RequestState.GENERATING for r in reqs)
-        release = eng.rollback_tgt.release
-        calls = []
-
-        def failing_once(seq_id):
-            calls.append(seq_id)
-            if len(calls) == 1:
-                raise LlamaSpecError("the RPC server is gone")
-            return release(seq_id)
-
-        monkeypatch.setattr(eng.rollback_tgt, "release", failing_once)
+        calls = _release_fails_once(eng, monkeypatch)
         for r in reqs:  # queued together, as while a step runs
             eng.scheduler.request_cancel(r)
         eng.step()
@@ -223,19 +230,10 @@ def test_a_failing_retire_settles_the_other_slots(tiny_model, monkeypatch):
     """Two requests finish in the same round and freeing the first one's memory fails: both still end with
     their tokens (the step settles slot by slot), and the engine serves on."""
     with Engine(tiny_model("llama"), n_ctx=512, n_parallel=2, cache_prompt=False) as eng:
-        release = eng.rollback_tgt.release
-        calls = []
-
-        def failing_once(seq_id):
-            calls.append(seq_id)
-            if len(calls) == 1:
-                raise LlamaSpecError("the RPC server is gone")
-            return release(seq_id)
-
         reqs = [eng.submit(p, n_predict=6) for p in (PROMPTS[0], PROMPTS[3])]
         for _ in range(3):
             eng.step()  # both prompts in, the slots generating
-        monkeypatch.setattr(eng.rollback_tgt, "release", failing_once)
+        calls = _release_fails_once(eng, monkeypatch)
         for _ in range(20):
             if all(r.done for r in reqs):
                 break

@@ -662,6 +662,7 @@ class _ScriptedEngine:
 
         self.script, self.delay = script, delay
         self.n_ctx_seq, self.n_parallel, self.chain, self.spec, self.verify = 100, 1, None, SpecParams(), "match"
+        self.vocab = None  # (the prompts are too short for the server's special-token count to read it)
         self.model = type("M", (), {"chat_template": staticmethod(lambda: None), "vocab": None,
                                     "path": Path("scripted.gguf")})()
         self.reqs = []
