@@ -18,8 +18,6 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
-from llama_cpp import llama_cpp as native
-
 from . import cancel
 from .errors import exceed_context
 
@@ -64,17 +62,7 @@ def _patterns(vocab: "Vocab") -> tuple[re.Pattern | None, re.Pattern | None]:
         got = _CACHE.get(vocab)
         if got is not None:
             return got
-        ptr = vocab.ptr
-        special, plain = [], []
-        for t in range(vocab.n_tokens):
-            attr = native.llama_vocab_get_attr(ptr, t)
-            if not attr & (native.LLAMA_TOKEN_ATTR_CONTROL | native.LLAMA_TOKEN_ATTR_UNKNOWN
-                           | native.LLAMA_TOKEN_ATTR_USER_DEFINED):
-                continue
-            text = vocab.get_text(t).decode("utf-8", "replace")
-            special.append(text)
-            if attr & native.LLAMA_TOKEN_ATTR_USER_DEFINED:
-                plain.append(text)
+        special, plain = vocab.special_texts()
         got = _CACHE[vocab] = (trie_pattern(special), trie_pattern(plain))
         return got
 
