@@ -47,5 +47,6 @@ def test_bench_records_the_load(tmp_path):
     import json
 
     rep = json.loads(out.read_text())
-    assert rep["load"]["busy"] == 1 and rep["load"]["description"] == "1 busy-loop process"
-    assert rep["load"]["cores_used"] > 0
+    ld = rep["load"]
+    assert ld["busy"] == 1 and ld["description"] == "1 busy-loop process" and ld["died"] == []
+    assert ld["cores_used"] >= 0 and ld["wall_s"] > 0   # (a quick run can be over within a clock tick)

@@ -97,8 +97,8 @@ class BackgroundLoad:
         except BaseException:
             self._stop()
             raise
-        if s.decode:
-            time.sleep(2.0)  # the decodes load their model before the timed runs start
+        # the processes start (Python, and a model for the decodes) before the timed runs do
+        time.sleep(2.0 if s.decode else 0.5 if s.busy else 0.0)
         self._t0 = time.monotonic()
         self._cpu = {p.pid: _cpu_seconds(p.pid) or 0.0 for p in self.procs}
         return self
