@@ -49,4 +49,4 @@ def test_bench_records_the_load(tmp_path):
     rep = json.loads(out.read_text())
     ld = rep["load"]
     assert ld["busy"] == 1 and ld["description"] == "1 busy-loop process" and ld["died"] == []
-    assert ld["cores_used"] >= 0 and ld["wall_s"] > 0   # (a quick run can be over within a clock tick)
+    assert ld["cores_used"] >= 0 and ld["wall_s"] >= 0   # (a quick run of tiny models can be over in 50 ms)
