@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from . import _llama as llama
+from .referee import relative_mad
 
 __all__ = ["PlainStepCost", "measure_plain_step", "plain_tokens_per_second", "speedup"]
 
@@ -117,6 +118,5 @@ def measure_plain_step(
             times.append(dt * 1e3)
             if len(times) >= n_steps_min and time.perf_counter() - t_start > budget_s:
                 break
-    med = statistics.median(times)
-    spread = statistics.median(abs(t - med) for t in times) / med if med > 0 else 0.0
-    return PlainStepCost(med, len(times), len(prefix), time.perf_counter() - t_start, spread)
+    return PlainStepCost(statistics.median(times), len(times), len(prefix), time.perf_counter() - t_start,
+                         relative_mad(times) or 0.0)

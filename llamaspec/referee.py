@@ -40,22 +40,12 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["Referee", "RefereeParams", "WindowRate", "bucket"]
+from ._llama.threads import bucket
+
+__all__ = ["Referee", "RefereeParams", "WindowRate", "bucket", "relative_mad"]
 
 #: a round's time counts at most this many times the median of its window
 CLIP = 3.0
-
-
-def bucket(n_gen: int) -> int:
-    """The batch-size bucket of ``n_gen`` generating slots: 1, 2, then powers of two (3-4 -> 4, 5-8 -> 8).
-
-    >>> [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)]
-    [1, 2, 4, 4, 8, 8, 16, 16]
-    """
-    b = 1
-    while b < n_gen:
-        b *= 2
-    return b
 
 
 @dataclass
@@ -115,9 +105,18 @@ class WindowRate:
         (0 on a steady machine; about 0.3 and more when other processes take the cores). None below 4 rounds."""
         if len(self.rounds) < 4:
             return None
-        per = [t / max(n, 1) for n, t in self.rounds]
-        med = statistics.median(per)
-        return statistics.median(abs(x - med) for x in per) / med if med > 0 else None
+        return relative_mad([t / max(n, 1) for n, t in self.rounds])
+
+
+def relative_mad(values: "list[float]") -> float | None:
+    """The median absolute deviation of ``values`` over their median (how noisy repeated timings are); None
+    when the median is not positive.
+
+    >>> relative_mad([10.0, 11.0, 9.0, 10.0]), relative_mad([0.0, 0.0])
+    (0.05, None)
+    """
+    med = statistics.median(values)
+    return statistics.median(abs(x - med) for x in values) / med if med > 0 else None
 
 
 class _Bucket:
@@ -226,6 +225,11 @@ class Referee:
         if bk is None:
             return None, None
         return bk.spec.rate(), bk.plain.rate()
+
+    def plain_window(self, n_gen: int) -> WindowRate | None:
+        """The plain rounds measured at ``n_gen`` generating slots (None: none yet)."""
+        bk = self._buckets.get(bucket(n_gen))
+        return bk.plain if bk is not None and len(bk.plain) else None
 
     def ratio(self, n_gen: int) -> float | None:
         """Speculative rate over plain rate at ``n_gen`` slots; None until both were measured (plain needs

@@ -32,7 +32,7 @@ import statistics
 from collections import deque
 from typing import Callable, Sequence
 
-__all__ = ["ThreadTuner", "cpu_idle_meter"]
+__all__ = ["ThreadTuner", "bucket", "cpu_idle_meter"]
 
 
 #: how often (in decodes) a tuner running fewer threads than configured asks the OS whether cores went idle,
@@ -79,9 +79,15 @@ def cpu_idle_meter(path: str = "/proc/stat") -> "Callable[[], float | None] | No
     return share
 
 
-def _bucket(n_rows: int) -> int:
+def bucket(n: int) -> int:
+    """The size bucket of ``n`` rows or slots: 1, 2, then powers of two (3-4 -> 4, 5-8 -> 8); the thread tuner's
+    batch sizes and the referee's slot counts (llamaspec.referee).
+
+    >>> [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)]
+    [1, 2, 4, 4, 8, 8, 16, 16]
+    """
     b = 1
-    while b < n_rows:
+    while b < n:
         b *= 2
     return b
 
@@ -124,7 +130,7 @@ class ThreadTuner:
         self.n_switches = 0
 
     def _state(self, n_rows: int) -> _Bucket:
-        b = _bucket(n_rows)
+        b = bucket(n_rows)
         st = self._buckets.get(b)
         if st is None:
             # a batch size not seen yet starts from the choice of the nearest one that was (the load that made

@@ -315,15 +315,13 @@ def _rounded(x: float | None) -> float | None:
 def _in_run_plain(eng) -> dict | None:
     """Plain decoding's speed as the run itself measured it: the referee's plain rounds (llamaspec.referee),
     decoded between the speculative ones under the same load; None with fewer than 3 of them."""
-    ref = eng.referee
-    if ref is None:
+    w = eng.referee.plain_window(1) if eng.referee is not None else None
+    tps = w.rate() if w is not None and len(w) >= 3 else None
+    if not tps:
         return None
-    b = ref.info()["by_slots"].get("1")
-    if not b or b["n_plain"] < 3 or not b["plain_tps"]:
-        return None
-    spread = b["spread"] or 0.0
-    return {"kind": "measured in-run", "plain_tokens_per_second": b["plain_tps"], "n_plain_rounds": b["n_plain"],
-            "spread": spread, "noisy": spread > NOISY_SPREAD}
+    spread = w.spread() or 0.0
+    return {"kind": "measured in-run", "plain_tokens_per_second": round(tps, 2), "n_plain_rounds": len(w),
+            "spread": round(spread, 3), "noisy": spread > NOISY_SPREAD}
 
 
 def _summary_line(eng, stats: dict) -> str:
