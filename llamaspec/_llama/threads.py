@@ -210,12 +210,11 @@ class ThreadTuner:
             st.every = self.probe_every
         st.left = st.every
 
-    def _idle_now(self) -> bool:
-        """Whether the cores were idle for at least ``IDLE_SHARE`` since the last look (True without a meter)."""
-        if self.idle_share is None:
-            return True
-        share = self.idle_share()
-        return share is None or share >= IDLE_SHARE
+    def _idle_now(self, unknown: bool = True) -> bool:
+        """Whether the cores were idle for at least ``IDLE_SHARE`` since the last look (``unknown`` when there is
+        no meter or it could not read)."""
+        share = self.idle_share() if self.idle_share is not None else None
+        return unknown if share is None else share >= IDLE_SHARE
 
     def _cores_went_idle(self) -> bool:
         """Every ``IDLE_EVERY`` decodes: were the machine's cores idle for at least ``IDLE_SHARE`` of the time
@@ -225,8 +224,7 @@ class ThreadTuner:
         if self.idle_share is None or self._n_since_idle < IDLE_EVERY:
             return False
         self._n_since_idle = 0
-        share = self.idle_share()
-        return share is not None and share >= IDLE_SHARE
+        return self._idle_now(unknown=False)
 
     def info(self) -> dict:
         """The choice and the median decode time (ms) of each count, per batch-size bucket."""
