@@ -87,9 +87,9 @@ def test_pydantic_ai_output_type(server):
 
 
 def test_pydantic_ai_native_output(server):
-    from pydantic_ai import NativeOutput  # noqa: F401 - _agent skips without pydantic_ai
+    pydantic_ai = pytest.importorskip("pydantic_ai")
 
-    out = _agent(server, output_type=NativeOutput(User), retries=0).run_sync(ASK).output  # response_format
+    out = _agent(server, output_type=pydantic_ai.NativeOutput(User), retries=0).run_sync(ASK).output  # response_format
     assert isinstance(out, User)
     same_as_plain(server, "pydantic-ai-native", out.model_dump())
 
