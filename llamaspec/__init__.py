@@ -17,6 +17,10 @@ _LAZY = {
     "SpecParams": ("llamaspec.params", "SpecParams"),
     "Model": ("llamaspec._llama", "Model"),
     "DEFAULT_SEED": ("llamaspec._llama", "DEFAULT_SEED"),
+    # a request's options (Engine.submit(prompt, RequestOptions(...)))
+    "RequestOptions": ("llamaspec.options", "RequestOptions"),
+    "RequestSpec": ("llamaspec.params", "RequestSpec"),
+    "ProbsSpec": ("llamaspec.logprobs", "ProbsSpec"),
     # what the command line (llamaspec.cli) checks and writes before and after a run
     "check_device_params": ("llamaspec.contexts", "check_device_params"),
     "parse_rpc_servers": ("llamaspec._llama.rpc", "parse_servers"),
@@ -38,4 +42,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["DEFAULT_SEED", "DraftModel", "Engine", "GenerationResult", "Llama", "LlamaSpecError", "Model",
-           "SamplingParams", "SpecParams", "__version__", "check_device_params", "parse_rpc_servers", "write_atomic"]
+           "ProbsSpec", "RequestOptions", "RequestSpec", "SamplingParams", "SpecParams", "__version__", "check_device_params", "parse_rpc_servers", "write_atomic"]

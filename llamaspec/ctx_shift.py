@@ -111,8 +111,8 @@ class ContextShift:
     def shift(self, s: Slot) -> None:
         """Shift ``s`` (due); raises when a memory refuses (the caller fails the slot)."""
         n_past = s.n_past
-        n_keep, n_discard = keep_discard(n_past, self.n_ctx_seq, add_bos=self.add_bos, n_keep=s.n_keep,
-                                         n_discard=s.n_discard, n_prompt=s.n_prompt)
+        n_keep, n_discard = keep_discard(n_past, self.n_ctx_seq, add_bos=self.add_bos, n_keep=s.options.shift.n_keep,
+                                         n_discard=s.options.shift.n_discard, n_prompt=s.n_prompt)
         log.info("slot %d: context shift, n_keep = %d, n_left = %d, n_discard = %d", s.id, n_keep, n_past - n_keep,
                  n_discard)
         self.rollback_tgt.shift(s.seq_id, n_keep, n_discard, n_past)

@@ -77,7 +77,7 @@ class DraftPhase:
             except Exception as e:  # noqa: BLE001 - confined to this slot
                 fail(s, e)
                 continue
-            req = s.spec_req
+            req = s.options.speculative
             chain.request_draft(s.seq_id, n_max, s.n_past, s.sampled, s.tokens,
                                 req.n_min if req is not None else None, req.p_min if req is not None else None)
             requested.append(s)

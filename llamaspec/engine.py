@@ -34,12 +34,12 @@ from .chain import Chain
 from .contexts import build_parts
 from .drafters.base import Drafter
 from .errors import EngineClosedError, UsageError
-from .logprobs import ProbsSpec
 from .memory import DraftRollback, TargetRollback
-from .params import ADAPTIVE_DRAFT_N_MAX, ADAPTIVE_TYPES, VERIFY_MODES, RequestSpec, SpecParams
+from .params import ADAPTIVE_DRAFT_N_MAX, ADAPTIVE_TYPES, VERIFY_MODES, SpecParams
 from .policy import DraftBudget
 from .referee import Referee
-from .request import Request, RequestState, check_request, resolve_sampling
+from .options import Caps, RequestOptions
+from .request import Request, RequestState, check_prompt
 from .round import Round, RoundOutcome
 from .sampler import TargetSampler
 from .scheduler import Scheduler
@@ -216,44 +216,35 @@ class Engine:
         return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     @native_use
-    def submit(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        n_predict: int = -1,
-        sampling: llama.SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        parse_special: bool = False,
-        speculative: RequestSpec | None = None,
-        id_slot: int = -1, cache_prompt: bool = True,
-        probs: "ProbsSpec | int | None" = None, n_keep: int = 0, n_discard: int = 0,
-        progress: bool = False, owner: str = "", text_limits: "dict | None" = None, sampler_opts: "dict | None" = None,
-    ) -> Request:
+    def submit(self, prompt: str | Sequence[int], options: RequestOptions | None = None, *,
+               on_done: "Callable[[Request], None] | None" = None) -> Request:
         """Queue a request (any thread) and return its :class:`~llamaspec.request.Request`.
 
-        ``n_predict=0`` decodes the prompt only. ``speculative`` lowers the engine's draft settings for this
-        request (``n_max=0``: no drafting). ``id_slot`` pins a slot. ``cache_prompt`` reuses the slot's
-        cached prefix when the engine keeps a prompt cache (:mod:`llamaspec.scheduler`). ``probs``: token
-        probabilities of every emitted token (:mod:`llamaspec.logprobs`; an int is ``n_probs``). ``progress``:
-        prompt-progress chunks (``Chunk.progress``) before and while the prompt is decoded. ``text_limits``:
-        llama-server's ``n_indent`` / ``t_max_predict_ms`` (:class:`~llamaspec.text.TextStream`); ``sampler_opts``: TargetSampler's."""
-        tokens = self.tokenize(prompt, parse_special=parse_special) if isinstance(prompt, str) else list(prompt)
-        probs = check_request(tokens, n_predict, id_slot, n_vocab=self.vocab.n_tokens, n_ctx_seq=self.n_ctx_seq,
-                              n_ctx_train=self.model.n_ctx_train, n_parallel=self.n_parallel, probs=probs)
-        if speculative is not None:
-            speculative.validate(self.chain.n_max if self.chain is not None else 0)
-        sampling = resolve_sampling(sampling or llama.SamplingParams(temp=0.0), self.n_ctx_seq)
-        sampler = TargetSampler(self.vocab, sampling, **(sampler_opts or {}))
+        ``options`` (:class:`~llamaspec.options.RequestOptions`; None: greedy, until end of generation) is
+        validated once against this engine's :attr:`caps` (a :class:`UsageError` names the field) and held by the
+        request. ``on_done(request)`` runs once it is done (``Request.add_done_callback``). When no step runs,
+        the request is admitted at once (native work: its prompt may start decoding), else at the next step."""
+        opts = (options if options is not None else RequestOptions()).validate(self.caps)
+        tokens = (self.tokenize(prompt, parse_special=opts.parse_special) if isinstance(prompt, str)
+                  else list(prompt))
+        check_prompt(tokens, n_vocab=self.vocab.n_tokens, n_ctx_seq=self.n_ctx_seq,
+                     n_ctx_train=self.model.n_ctx_train)
+        sampler = TargetSampler(self.vocab, opts.sampling, logits_processor=opts.hooks.logits_processor,
+                                penalize_prompt=opts.hooks.penalize_prompt)
         with self._id_lock:
             self._next_id += 1
-            req = Request(self, self._next_id, tokens, n_predict=n_predict, sampling=sampling, sampler=sampler,
-                          stop=stop)
-        req.speculative, req.id_slot, req.cache_prompt, req.probs = speculative, id_slot, cache_prompt, probs
-        req.n_keep, req.n_discard = n_keep, n_discard  # the context shift's (llamaspec.ctx_shift; -1: the prompt)
-        req.progress, req.owner, req.text_limits = progress, owner, text_limits  # owner: the tenant (the shared n-gram pool drafts within it)
+            req = Request(self, self._next_id, tokens, opts, sampler)
+        if on_done is not None:
+            req.add_done_callback(on_done)
         self.scheduler.enqueue(req)
         self._stepper.run_now(self.scheduler.admit)
         return req
+
+    @property
+    def caps(self) -> Caps:
+        """What a request's options are checked against (:meth:`RequestOptions.validate`)."""
+        return Caps(n_vocab=self.vocab.n_tokens, n_ctx_seq=self.n_ctx_seq, n_parallel=self.n_parallel,
+                    n_max=self.chain.n_max if self.chain is not None else 0)
 
     def cancel(self, request: "Request | Slot") -> None:
         """Abandon a request (any thread): its memory is freed and its slot becomes reusable (also the
@@ -382,16 +373,17 @@ class Engine:
     # ------------------------------------------------------------------------------------------
     # convenience
     # ------------------------------------------------------------------------------------------
-    def stream(self, prompt: str | Sequence[int], **kw) -> Iterator[Chunk]:
-        """Generate for one prompt, yielding a :class:`Chunk` per round (``submit``'s keywords).
-        Abandoning the iterator cancels the request, which frees its slot and memory."""
-        yield from _cancel_on_exit(self.submit(prompt, **kw))
+    def stream(self, prompt: str | Sequence[int], options: RequestOptions | None = None, **fields) -> Iterator[Chunk]:
+        """Generate for one prompt, yielding a :class:`Chunk` per round. ``fields``: :class:`RequestOptions`
+        fields, over ``options`` (``stream(p, n_predict=8)``). Abandoning the iterator cancels the request,
+        which frees its slot and memory."""
+        yield from _cancel_on_exit(self.submit(prompt, RequestOptions.of(options, **fields)))
 
-    def generate(self, prompt: str | Sequence[int], *, on_chunk: Callable[[Chunk], None] | None = None,
-                 **kw) -> GenerationResult:
-        """Generate for one prompt and return the whole result (``submit``'s keywords). Raises
+    def generate(self, prompt: str | Sequence[int], options: RequestOptions | None = None, *,
+                 on_chunk: Callable[[Chunk], None] | None = None, **fields) -> GenerationResult:
+        """Generate for one prompt and return the whole result (``fields`` as for :meth:`stream`). Raises
         :class:`~llamaspec.errors.RequestError` when the request failed."""
-        req = self.submit(prompt, **kw)
+        req = self.submit(prompt, RequestOptions.of(options, **fields))
         with contextlib.closing(_cancel_on_exit(req)) as chunks:
             for ch in chunks:
                 if on_chunk is not None:
@@ -416,7 +408,7 @@ class Engine:
         reqs: list[Request] = []
         try:
             for p, sp in zip(prompts, samplings):
-                reqs.append(self.submit(p, n_predict=n_predict, sampling=sp, stop=stop))
+                reqs.append(self.submit(p, RequestOptions(n_predict=n_predict, sampling=sp, stop=tuple(stop))))
             index = {r.id: i for i, r in enumerate(reqs)}
             while not all(r.done for r in reqs):
                 for ch in self.step():

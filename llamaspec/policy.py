@@ -114,7 +114,7 @@ class DraftBudget:
         if s.n_remaining > 0:
             n = min(n, s.n_remaining - 1)
         n = min(n, self.n_rows_max_per_seq - 1)
-        req = s.spec_req
+        req = s.options.speculative
         if req is not None and req.n_max is not None:
             n = min(n, req.n_max)
         return n

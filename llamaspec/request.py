@@ -14,7 +14,6 @@ thread is stepping; with one, a server's, it just waits) and ``cancel``.
 """
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import threading
@@ -22,12 +21,11 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
 
 from .errors import ContextOverflowError, LlamaSpecError, RequestError, UsageError
-from .logprobs import check_probs
 from .slot import Chunk, FinishReason, GenerationResult, GenerationStats
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import _llama as llama
-    from .logprobs import ProbsSpec, TokenProb
+    from .logprobs import TokenProb
+    from .options import RequestOptions
     from .sampler import TargetSampler
     from .slot import Slot
 
@@ -47,10 +45,9 @@ class Driver(Protocol):
         """Abandon ``request`` at the next step (any thread)."""
 
 
-def check_request(tokens: Sequence[int], n_predict: int, id_slot: int, *, n_vocab: int, n_ctx_seq: int,
-                  n_ctx_train: int, n_parallel: int, probs: "ProbsSpec | int | None" = None) -> "ProbsSpec | None":
-    """Raise :class:`UsageError` (or :class:`ContextOverflowError`) naming what is wrong with a request;
-    returns its token-probability request as a :class:`~llamaspec.logprobs.ProbsSpec` (None: none)."""
+def check_prompt(tokens: Sequence[int], *, n_vocab: int, n_ctx_seq: int, n_ctx_train: int) -> None:
+    """Raise :class:`UsageError` (or :class:`ContextOverflowError`) naming what is wrong with a prompt's tokens
+    (the options are checked by :meth:`RequestOptions.validate <llamaspec.options.RequestOptions.validate>`)."""
     if not tokens:
         raise UsageError("the prompt is empty (and the model adds no BOS token): give at least one token")
     bad = [t for t in tokens if not 0 <= t < n_vocab]
@@ -61,28 +58,6 @@ def check_request(tokens: Sequence[int], n_predict: int, id_slot: int, *, n_voca
             f"the prompt has {len(tokens)} tokens but the context holds {n_ctx_seq} per sequence; "
             f"shorten the prompt or raise --ctx-size (this model was trained for {n_ctx_train})"
         )
-    if n_predict < -1:
-        raise UsageError(f"n_predict must be >= -1 (-1 = until end of generation or context), got {n_predict}")
-    if not -1 <= id_slot < n_parallel:
-        raise UsageError(f"id_slot must be -1 (any) or 0..{n_parallel - 1}, got {id_slot}")
-    return check_probs(probs, n_vocab)
-
-
-def resolve_sampling(sampling: "llama.SamplingParams", n_ctx_seq: int) -> "llama.SamplingParams":
-    """``sampling`` with llama.h's conventions applied for this context: ``repeat_last_n`` -1 is the context
-    size (0 = off); a window beyond the context is refused (it would only ask llama.cpp for memory).
-
-    >>> from llamaspec._llama.sampler import SamplingParams
-    >>> resolve_sampling(SamplingParams(repeat_last_n=-1), 512).repeat_last_n
-    512
-    """
-    n = sampling.repeat_last_n
-    if n == -1:
-        return dataclasses.replace(sampling, repeat_last_n=n_ctx_seq)
-    if not 0 <= n <= n_ctx_seq:
-        raise UsageError(f"repeat_last_n must be -1 (the context size), 0 (off) or up to the context size "
-                         f"{n_ctx_seq}, got {n}")
-    return sampling
 
 
 class RequestState(enum.Enum):
@@ -100,21 +75,14 @@ _CALLBACKS_LOCK = threading.Lock()
 class Request:
     """One generation request (see the module docstring). Create it with :meth:`Engine.submit`."""
 
-    def __init__(self, driver: Driver, request_id: int, tokens: list[int], *, n_predict: int,
-                 sampling: "llama.SamplingParams", sampler: "TargetSampler", stop: Sequence[str]):
+    def __init__(self, driver: Driver, request_id: int, tokens: list[int], options: "RequestOptions",
+                 sampler: "TargetSampler"):
         self.id = request_id
         self.prompt_tokens = tokens
-        self.n_predict = n_predict
-        self.sampling = sampling
-        self.stop = tuple(stop)
-        self.speculative = None  # RequestSpec | None: per-request speculative settings
-        #: the token probabilities asked for (llamaspec.logprobs.ProbsSpec) and, then, one entry per token
-        self.probs: "ProbsSpec | None" = None
+        #: what the request asks for (validated, frozen: llamaspec.options); its slot references it
+        self.options = options
+        #: one entry per emitted token when ``options.probs`` asked for them
         self.token_probs: "list[TokenProb]" = []
-        self.id_slot = -1
-        self.cache_prompt = True
-        #: deliver prompt-progress chunks (:class:`~llamaspec.slot.PromptProgress`) while the prompt is decoded
-        self.progress = False
         self.state = RequestState.QUEUED
         self.finish_reason: FinishReason | None = None
         #: the error message when ``finish_reason`` is ``error``
@@ -195,7 +163,7 @@ class Request:
     def to_result(self) -> GenerationResult:
         return GenerationResult(list(self.tokens), self.text, self.finish_reason or FinishReason.ABORT, self.stats,
                                 list(self.prompt_tokens), list(self.drafted_mask), self.error,
-                                list(self.token_probs) if self.probs is not None else None)
+                                list(self.token_probs) if self.options.probs is not None else None)
 
     def _next_chunk(self, timeout: float | None) -> Chunk | None:
         while True:

@@ -150,7 +150,7 @@ class Round:
 
     def _prompt_chunk_done(self, s: Slot) -> None:
         s.n_prompt_done += s.n_prompt_chunk
-        if s.report_progress:
+        if s.options.progress:
             self.out.chunks.append(progress_chunk(s))
         if s.want_prompt_ckpt and s.n_prompt_done == len(s.tokens) - 1:
             self.out.prompt_checkpoints.append(s)
@@ -161,7 +161,7 @@ class Round:
         """§7.1: the prompt is in memory: ``chain.begin``, the sampler sees the prompt (llama-server's
         ``init_sampler``), the first token is sampled from the prompt's last row."""
         if self.chain is not None:
-            self.chain.begin(slot.seq_id, slot.tokens, getattr(slot, "owner", ""))
+            self.chain.begin(slot.seq_id, slot.tokens, slot.options.owner)
         t1 = time.perf_counter()
         slot.stats.t_prompt_s = t1 - slot.t_start
         slot.t_start = t1

@@ -23,7 +23,7 @@ the accepted rows of that round: the processor sees those rows a second time, wi
 
 ``penalize_prompt=False``: the prompt does not enter the penalties' history (llama-cpp-python's ``Llama``
 penalizes generated tokens only; llama-server, the default, the prompt too). Both options reach the sampler
-through ``Engine.submit(..., sampler_opts={...})``.
+through a request's ``RequestOptions(hooks=SamplerHooks(...))`` (llamaspec.options).
 """
 from __future__ import annotations
 

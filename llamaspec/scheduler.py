@@ -112,13 +112,13 @@ class Scheduler:
         return None if self.free(slot) else self.serving.get(slot.id)
 
     def _choose_slot(self, req: Request) -> Slot | None:
-        if req.id_slot >= 0:
-            slot = self.slots[req.id_slot]
+        if req.options.id_slot >= 0:
+            slot = self.slots[req.options.id_slot]
             return slot if self.free(slot) else None
         free = [s for s in self.slots if self.free(s)]
         if not free:
             return None
-        if not (self.cache_prompt and req.cache_prompt):
+        if not (self.cache_prompt and req.options.cache_prompt):
             return free[0]
         best = max(free, key=lambda s: (common_prefix(s.cached, req.prompt_tokens), -s.t_last))
         if best.cached and common_prefix(best.cached, req.prompt_tokens) > 0:
@@ -167,7 +167,7 @@ class Scheduler:
         req.finish(FinishReason.ERROR, f"the request could not start: {msg}")
 
     def _start(self, slot: Slot, req: Request) -> None:
-        n_cached = self._reuse_cache(slot, req) if (self.cache_prompt and req.cache_prompt) else 0
+        n_cached = self._reuse_cache(slot, req) if (self.cache_prompt and req.options.cache_prompt) else 0
         if not n_cached:
             self.release(slot)
         self._drop_sampler(slot)
@@ -175,31 +175,27 @@ class Scheduler:
         self.serving[slot.id] = req
         req.slot = slot
         slot.sampler = req.take_sampler()
-        slot.sampling = req.sampling
-        slot.spec_req = req.speculative
-        slot.probs, slot.owner = req.probs, getattr(req, "owner", "")
+        opts = slot.options = req.options
         slot.tokens = list(req.prompt_tokens)
         slot.n_prompt = len(slot.tokens)
         slot.n_prompt_done = n_cached
-        slot.want_prompt_ckpt = bool(self.cache_prompt and req.cache_prompt) and (
+        slot.want_prompt_ckpt = bool(self.cache_prompt and opts.cache_prompt) and (
             self.rollback_tgt.prompt_checkpoint_pays(slot.n_prompt)
             or self.rollback_dft.prompt_checkpoint_pays(slot.n_prompt))
-        slot.n_predict = req.n_predict
-        slot.n_keep, slot.n_discard = getattr(req, "n_keep", 0), getattr(req, "n_discard", 0)
-        slot.stream = TextStream(req.stop, **(getattr(req, "text_limits", None) or {}))
+        slot.stream = TextStream(opts.stop, n_indent=opts.text.n_indent, t_max_predict_ms=opts.text.t_max_predict_ms)
         slot.state = SlotState.PROMPT
         slot.stats.n_prompt = slot.n_prompt
         slot.stats.n_cached = n_cached
         slot.t_start = time.perf_counter()
-        mode = req.speculative.verify if req.speculative is not None and req.speculative.verify else self.verify
+        spec = opts.speculative
+        mode = spec.verify if spec is not None and spec.verify else self.verify
         slot.verifier = verifier_for(mode, slot.sampler, slot.sampling, self.ctx, self.is_eog, self.synth_cond)
         if self.chain is not None:
             self.chain.configure_sampling(slot.seq_id, slot.verifier.draft_temp, slot.sampling.seed)
             with self._queue_lock:
                 slot.adaptive = self.budget.controller(self.totals)
         req.state = RequestState.PROMPT
-        slot.report_progress = req.progress
-        if req.progress:  # before any prompt token is decoded: processed == cache
+        if opts.progress:  # before any prompt token is decoded: processed == cache
             req.deliver(progress_chunk(slot, req.id))
 
     def _reuse_cache(self, slot: Slot, req: Request) -> int:
@@ -314,7 +310,7 @@ class Scheduler:
     def retire(self, slot: Slot) -> None:
         """A request finished normally: keep its tokens as the slot's prompt cache, or release them."""
         req = self.serving.get(slot.id)
-        if self.cache_prompt and req is not None and req.cache_prompt:
+        if self.cache_prompt and req is not None and req.options.cache_prompt:
             slot.cached = list(slot.tokens)
             self._drop_sampler(slot)
         else:

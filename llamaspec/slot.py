@@ -10,13 +10,13 @@ import numpy as np
 
 from . import _llama as llama
 from .memory import Checkpoint, PromptCheckpoint
+from .options import RequestOptions
 from .stats import add_per_position
 from .text import TextStream
 
 if TYPE_CHECKING:  # pragma: no cover
     from .adaptive import DraftLengthController
     from .logprobs import ProbsSpec, TokenProb
-    from .params import RequestSpec
     from .sampler import TargetSampler
     from .verify.verifiers import Verifier
 
@@ -186,6 +186,10 @@ def progress_chunk(slot: "Slot", request_id: int | None = None) -> Chunk:
     return Chunk(slot.id, [], "", request_id=request_id, progress=p)
 
 
+#: an idle slot's options (no request)
+_IDLE = RequestOptions()
+
+
 class Slot:
     """One sequence of the target context (``seq_id == id``)."""
 
@@ -211,21 +215,13 @@ class Slot:
         self.n_prompt_chunk = 0  # prompt tokens decoded in this round's batch
         #: leave a prompt checkpoint after ``len(prompt) - 1`` tokens (the last prompt token is decoded alone)
         self.want_prompt_ckpt = False
-        #: the request wants a progress chunk before its prompt and after every prompt chunk
-        self.report_progress = False
-        #: per-request speculative settings (None = the engine's)
-        self.spec_req: "RequestSpec | None" = None
-        #: the token probabilities the request asked for (None: none, and nothing is computed)
-        self.probs: "ProbsSpec | None" = None
+        #: the options of the request it serves (validated: llamaspec.options), referenced, not copied
+        self.options = _IDLE
         #: adaptive draft length (llamaspec.adaptive), when the engine has it on
         self.adaptive: "DraftLengthController | None" = None
         self.prompt_tokens: list[int] = []  # the prompt, kept after the slot's memory is released
         self.sampled: int | None = None  # last token sampled by the target, not yet decoded
         self.generated: list[int] = []
-        self.n_predict = -1
-        #: llama-server's ``n_keep`` / ``n_discard`` of a context shift (llamaspec.ctx_shift; -1: the whole prompt)
-        self.n_keep, self.n_discard = 0, 0
-        self.sampling: llama.SamplingParams | None = None
         self.stream: TextStream | None = None
         self.finish_reason: FinishReason | None = None
         #: why it stopped, in llama-server's words: "eos" (end-of-generation token), "word" (a stop string,
@@ -251,6 +247,19 @@ class Slot:
     def clear_round(self) -> None:
         """Forget the round in progress (its draft, rows and replay), after an error or an interrupt."""
         self.spec_draft, self.spec_probs, self.spec_is_replay, self.spec_i_batch = [], None, False, []
+
+    @property
+    def sampling(self) -> "llama.SamplingParams | None":
+        return self.options.sampling
+
+    @property
+    def probs(self) -> "ProbsSpec | None":
+        """The token probabilities the request asked for (None: none, and nothing is computed)."""
+        return self.options.probs  # type: ignore[return-value] - validated: a ProbsSpec or None
+
+    @property
+    def n_predict(self) -> int:
+        return self.options.n_predict
 
     @property
     def n_past(self) -> int:

@@ -14,6 +14,7 @@ from llamaspec import scheduler as S
 from llamaspec.engine import Engine, FinishReason, RequestState
 from llamaspec.errors import StateError
 from llamaspec.params import SpecParams
+from llamaspec.options import RequestOptions
 
 from helpers import EXACT
 
@@ -53,7 +54,7 @@ def test_a_failed_start_finishes_the_request_with_error(tiny_model, fail_next_st
     with Engine(tiny_model("llama"), n_ctx=256, n_parallel=2, **kw, **EXACT) as e:
         alone = e.generate(PROMPT, n_predict=8).tokens
         fail_next_start(1)
-        bad = e.submit(PROMPT, n_predict=8)  # admitted at once: the failure must not escape submit()
+        bad = e.submit(PROMPT, RequestOptions(n_predict=8))  # admitted at once: the failure must not escape submit()
         res = bad.result(timeout=30)
         assert bad.state is RequestState.DONE
         assert res.finish_reason is FinishReason.ERROR
@@ -68,8 +69,8 @@ def test_a_failed_start_finishes_the_request_with_error(tiny_model, fail_next_st
 def test_a_failed_start_does_not_surface_in_another_consumer(tiny_model, fail_next_start):
     """The failing request waits behind a busy slot, so it is admitted inside another request's step."""
     with Engine(tiny_model("llama"), n_ctx=256, n_parallel=1, **EXACT) as e:
-        first = e.submit(PROMPT, n_predict=12)
-        second = e.submit(PROMPT[:3], n_predict=4)
+        first = e.submit(PROMPT, RequestOptions(n_predict=12))
+        second = e.submit(PROMPT[:3], RequestOptions(n_predict=4))
         assert second.state is RequestState.QUEUED
         fail_next_start(1)
         out = first.result(timeout=30)  # steps run here, and admit `second` when `first` is done
@@ -82,7 +83,7 @@ def test_a_failed_start_with_an_engine_thread_does_not_hang(tiny_model, fail_nex
     with Engine(tiny_model("llama"), n_ctx=256, n_parallel=1, **EXACT) as e:
         e.start()
         fail_next_start(1)
-        req = e.submit(PROMPT, n_predict=4)
+        req = e.submit(PROMPT, RequestOptions(n_predict=4))
         done = threading.Event()
         got = {}
 
@@ -93,7 +94,7 @@ def test_a_failed_start_with_an_engine_thread_does_not_hang(tiny_model, fail_nex
         threading.Thread(target=consume, daemon=True).start()
         assert done.wait(30), "the consumer of a request whose start failed waited forever"
         assert got["res"].finish_reason is FinishReason.ERROR
-        ok = e.submit(PROMPT, n_predict=4).result(timeout=30)
+        ok = e.submit(PROMPT, RequestOptions(n_predict=4)).result(timeout=30)
         assert ok.finish_reason is not FinishReason.ERROR and len(ok.tokens) == 4
 
 

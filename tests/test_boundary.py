@@ -22,6 +22,7 @@ from llamaspec.errors import (
     StateError,
     UsageError,
 )
+from llamaspec.options import RequestOptions
 
 
 @pytest.fixture(scope="module")
@@ -403,7 +404,7 @@ def test_tokenize_lone_surrogate_is_a_usage_error(llama, tiny_model):
     assert llama.vocab.tokenize("ab\U0001f600cd")  # a proper pair (one astral character) is fine
     with Engine(tiny_model("llama"), n_ctx=64) as e:
         with pytest.raises(UsageError, match="lone surrogate"):
-            e.submit("x\udfff", n_predict=1)
+            e.submit("x\udfff", RequestOptions(n_predict=1))
         assert e.generate("xy", n_predict=2).tokens  # the engine goes on
 
 

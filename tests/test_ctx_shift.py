@@ -16,6 +16,7 @@ from llamaspec.ctx_shift import keep_discard
 from llamaspec.engine import Engine
 from llamaspec.params import SpecParams
 from llamaspec.slot import FinishReason
+from llamaspec.options import RequestOptions, Shift
 
 from helpers import EXACT, wait_for_native_server
 
@@ -26,7 +27,7 @@ PROMPT = [1, 5, 9, 13, 22, 7, 30, 41, 2, 17]
 
 
 def _run(eng: Engine, n_predict: int):
-    req = eng.submit(PROMPT, n_predict=n_predict)
+    req = eng.submit(PROMPT, RequestOptions(n_predict=n_predict))
     res = req.result()
     return req, res
 
@@ -61,7 +62,7 @@ def test_generation_goes_past_a_full_context(tiny_model):
         assert cached == _shifted(res.tokens)
         assert eng.ctx.memory.pos_min(0) == 0 and eng.ctx.memory.pos_max(0) == len(cached) - 1
         # the next request reuses that cache as any other (a prefix of what the memory holds)
-        again = eng.submit(cached[:50] + [3], n_predict=2)
+        again = eng.submit(cached[:50] + [3], RequestOptions(n_predict=2))
         again.result()
         assert again.stats.n_cached == 50
 
@@ -163,7 +164,7 @@ def test_request_n_keep_and_n_discard_give_llama_servers_tokens(tiny_model):
         proc.terminate()
         proc.wait(10)
     with Engine(path, n_ctx=N_CTX, context_shift=True, **EXACT) as eng:
-        ours = [eng.submit(PROMPT, n_predict=400, n_keep=k, n_discard=d).result().tokens for k, d in KEEP_DISCARD]
+        ours = [eng.submit(PROMPT, RequestOptions(n_predict=400, shift=Shift(n_keep=k, n_discard=d))).result().tokens for k, d in KEEP_DISCARD]
         with TestClient(create_app(ServerState(ServerConfig(model_id="tiny"), engine=eng))) as c:
             r = c.post("/completion", json={"prompt": PROMPT, "n_predict": 400, "temperature": 0, "return_tokens": True,
                                             "n_keep": 5, "n_discard": 0})

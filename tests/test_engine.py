@@ -7,6 +7,7 @@ from llamaspec import _llama as L
 from llamaspec.chat import apply_chat_template
 from llamaspec.engine import Engine, FinishReason, RequestState, SlotState
 from llamaspec.errors import ContextOverflowError, UsageError
+from llamaspec.options import RequestOptions
 
 from helpers import EXACT, real_model
 
@@ -42,7 +43,7 @@ def test_greedy_equals_llama_cpp_python(tiny_model, kind):
 
 def test_memory_invariant_every_round(tiny_model):
     with Engine(tiny_model("llama"), n_ctx=256) as eng:
-        req = eng.submit(PROMPTS[0], n_predict=10)
+        req = eng.submit(PROMPTS[0], RequestOptions(n_predict=10))
         slot = req.slot
         while not req.done:
             eng.step()
@@ -67,7 +68,7 @@ def test_abandoned_stream_frees_memory(tiny_model):
 
 def test_exception_mid_round_fails_the_request_only(tiny_model, monkeypatch):
     with Engine(tiny_model("llama"), n_ctx=256) as eng:
-        req = eng.submit(PROMPTS[0], n_predict=20)
+        req = eng.submit(PROMPTS[0], RequestOptions(n_predict=20))
         eng.step()
         eng.step()
         real_sample = L.Sampler.sample
@@ -87,7 +88,7 @@ def test_exception_mid_round_fails_the_request_only(tiny_model, monkeypatch):
 
 def test_interrupt_mid_round_restores_invariant(tiny_model, monkeypatch):
     with Engine(tiny_model("llama"), n_ctx=256) as eng:
-        req = eng.submit(PROMPTS[0], n_predict=20)
+        req = eng.submit(PROMPTS[0], RequestOptions(n_predict=20))
         eng.step()
         eng.step()
         real_sample = L.Sampler.sample
@@ -147,8 +148,8 @@ def test_bad_requests(tiny_model):
         with pytest.raises(UsageError, match="empty"):
             eng.submit([])
         with pytest.raises(UsageError, match="n_predict"):
-            eng.submit([5], n_predict=-2)
-        eng.submit([5], n_predict=3)
+            eng.submit([5], RequestOptions(n_predict=-2))
+        eng.submit([5], RequestOptions(n_predict=3))
         queued = eng.submit([6])  # all slots busy: it waits for one
         assert queued.state is RequestState.QUEUED and eng.metrics()["requests_deferred"] == 1 and eng.n_deferred == 1
     with pytest.raises(UsageError):

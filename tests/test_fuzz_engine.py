@@ -35,6 +35,7 @@ from llamaspec import _llama as L  # noqa: E402
 from llamaspec.engine import Engine, FinishReason, SlotState  # noqa: E402
 from llamaspec.errors import UsageError  # noqa: E402
 from llamaspec.params import RequestSpec, SpecParams  # noqa: E402
+from llamaspec.options import RequestOptions
 
 from helpers import EXACT, divergence_is_near_tie  # noqa: E402
 
@@ -246,8 +247,9 @@ def _drive(eng: Engine, plans_: list[Plan], live: list) -> None:
             p = todo.pop(0)
             why = invalid_reason(p, eng)
             try:
-                req = eng.submit(p.prompt, n_predict=p.n_predict, sampling=p.sampling, stop=p.stop,
-                                 parse_special=p.parse_special, speculative=p.speculative, id_slot=p.id_slot)
+                req = eng.submit(p.prompt, RequestOptions(
+                    n_predict=p.n_predict, sampling=p.sampling, stop=p.stop, parse_special=p.parse_special,
+                    speculative=p.speculative, id_slot=p.id_slot))
             except UsageError as e:
                 assert why is not None, f"a valid request was refused: {e} ({p})"
                 assert str(e), "a UsageError without a message"
@@ -278,7 +280,7 @@ def check_request(p: Plan, r, cancelled_at: int | None, alone, model) -> None:
     assert not any(s in r.text for s in stop), (r.text, stop)
     if r.finish_reason is FinishReason.STOP:  # the tiny models have no end token: a stop string or a grammar's end
         if r.stop_type == "eos":
-            assert r.sampling.grammar is not None, "an end-of-generation stop without an end token or a grammar"
+            assert r.options.sampling.grammar is not None, "an end-of-generation stop without an end token or a grammar"
             SEEN["grammar_end"] += 1
         else:
             assert r.stop_type == "word" and r.stopping_word in stop, (r.stop_type, r.stopping_word, stop)
@@ -290,14 +292,14 @@ def check_request(p: Plan, r, cancelled_at: int | None, alone, model) -> None:
             (len(r.prompt_tokens), len(r.tokens), p.n_predict)
     SEEN["drafted"] += r.stats.n_drafted
     SEEN["accepted"] += r.stats.n_accepted
-    if not r.sampling.greedy:
+    if not r.options.sampling.greedy:
         return
     SEEN["greedy"] += 1
-    ref_tokens, ref_text, ref_reason = alone(r.prompt_tokens, p.n_predict, r.sampling, p.stop)
+    ref_tokens, ref_text, ref_reason = alone(r.prompt_tokens, p.n_predict, r.options.sampling, p.stop)
     if cancelled_at is not None and r.finish_reason is FinishReason.ABORT:
         assert len(r.tokens) <= len(ref_tokens)
         ok, why = (True, "") if r.tokens == ref_tokens[:len(r.tokens)] else divergence_is_near_tie(
-            model, r.prompt_tokens, ref_tokens, r.tokens, sampling=r.sampling, **EXACT)
+            model, r.prompt_tokens, ref_tokens, r.tokens, sampling=r.options.sampling, **EXACT)
         assert ok, f"cancelled greedy request is no prefix of its output alone: {why} ({p})"
         return
     if r.tokens != ref_tokens:

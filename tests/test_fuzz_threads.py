@@ -24,6 +24,7 @@ from hypothesis import strategies as st  # noqa: E402
 from llamaspec import _llama as L  # noqa: E402
 from llamaspec.engine import Engine, FinishReason, SlotState  # noqa: E402
 from llamaspec.errors import EngineClosedError, UsageError  # noqa: E402
+from llamaspec.options import RequestOptions
 
 from helpers import EXACT, divergence_is_near_tie  # noqa: E402
 # the request strategies, the engine settings and the oracles of the single-threaded fuzzer (and its fixture)
@@ -46,7 +47,7 @@ def _worker(eng: Engine, plans, out: list) -> None:
         prompt, n_predict, cancel_at = plan
         req = None
         try:
-            req = eng.submit(prompt, n_predict=n_predict, sampling=greedy)
+            req = eng.submit(prompt, RequestOptions(n_predict=n_predict, sampling=greedy))
             for i, _ in enumerate(req.chunks(timeout=JOIN_S)):
                 if cancel_at is not None and i >= cancel_at:
                     req.cancel()
@@ -116,9 +117,9 @@ def test_threads_race_submit_cancel_and_close(tiny_model, alone, kind, work, clo
                 assert req.done, "close() left a request unfinished"
             if outcome == "done" and not eng.closed:
                 assert req.finish_reason is FinishReason.LENGTH, (req.finish_reason, req.error)
-                ref_tokens = alone(req.prompt_tokens, n_predict, req.sampling, [])[0]
+                ref_tokens = alone(req.prompt_tokens, n_predict, req.options.sampling, [])[0]
                 ok, why = (True, "") if req.tokens == ref_tokens else divergence_is_near_tie(
-                    tiny_model("llama"), req.prompt_tokens, ref_tokens, req.tokens, sampling=req.sampling, **EXACT)
+                    tiny_model("llama"), req.prompt_tokens, ref_tokens, req.tokens, sampling=req.options.sampling, **EXACT)
                 assert ok, f"greedy output differs from the request alone: {why}"
         if not eng.closed:  # what the readers left (a cancel not yet applied) the next steps finish
             for _ in range(200):
@@ -149,7 +150,7 @@ def test_close_waits_for_a_submit_under_way(tiny_model, monkeypatch):
         return real(self, *a, **kw)  # raised "model ... is closed" when close() did not wait
 
     monkeypatch.setattr(L.Vocab, "tokenize", slow)
-    submitter = threading.Thread(target=lambda: out.append(eng.submit("ab12", n_predict=4)))
+    submitter = threading.Thread(target=lambda: out.append(eng.submit("ab12", RequestOptions(n_predict=4))))
     submitter.start()
     assert inside.wait(10)
     closer = threading.Thread(target=eng.close)
@@ -162,4 +163,4 @@ def test_close_waits_for_a_submit_under_way(tiny_model, monkeypatch):
     assert not closer.is_alive() and eng.closed
     assert out and out[0].done and out[0].finish_reason is FinishReason.ABORT
     with pytest.raises(EngineClosedError):
-        eng.submit("ab", n_predict=1)
+        eng.submit("ab", RequestOptions(n_predict=1))

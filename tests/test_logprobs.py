@@ -20,6 +20,7 @@ from llamaspec.engine import Engine
 from llamaspec.errors import UsageError
 from llamaspec.logprobs import ProbsSpec, post_entry, raw_entry
 from llamaspec.params import SpecParams
+from llamaspec.options import RequestOptions
 
 from helpers import EXACT
 
@@ -173,7 +174,7 @@ def test_math_of_one_entry():
 def test_bad_probs_are_usage_errors(tiny_model, bad):
     with Engine(tiny_model("llama"), n_ctx=64) as e:
         with pytest.raises(UsageError, match="n_probs|probs must"):
-            e.submit(PROMPT, n_predict=2, probs=bad)
+            e.submit(PROMPT, RequestOptions(n_predict=2, probs=bad))
 
 
 # -- server -----------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 from llamaspec.cli.main import main
 from llamaspec.engine import Engine
 from llamaspec.params import SpecParams
+from llamaspec.options import RequestOptions
 
 from helpers import EXACT
 
@@ -52,7 +53,7 @@ def test_cancel_mid_generation(tiny_model, plain, t):
     """Found by tests/test_fuzz_engine.py: cancelling a request on an ngram-mod engine raised a TypeError out of
     ``Request.cancel`` (the chain's per-sequence ``reset(seq_id)`` hit ngram-mod's table-wide ``reset()``)."""
     with Engine(tiny_model("llama"), spec=small(t), n_ctx=256, n_parallel=2, **EXACT) as e:
-        req = e.submit(PROMPTS[0], n_predict=48)
+        req = e.submit(PROMPTS[0], RequestOptions(n_predict=48))
         while len(req.tokens) < 4:
             e.step()
         req.cancel()

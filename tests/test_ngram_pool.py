@@ -13,6 +13,7 @@ from llamaspec.drafters.ngram_lookup import NgramLookup
 from llamaspec.drafters.ngram_pool import POOL_KEYS, SharedPool
 from llamaspec.engine import Engine
 from llamaspec.params import NgramLookupParams, SpecParams
+from llamaspec.options import RequestOptions
 
 from helpers import EXACT
 
@@ -190,10 +191,10 @@ def test_tenants_in_the_engine(tiny_model, plain, shared):
     with Engine(tiny_model("llama"), spec=_auto("ngram-lookup", adaptive=False, n_max=16, pool_shared=shared),
                 n_ctx=512, **EXACT) as e:
         pool = e.chain.impls[0].pool
-        outs = [e.submit(A, n_predict=48, owner="alice").result().tokens,
-                e.submit(B, n_predict=48, owner="alice").result().tokens]
+        outs = [e.submit(A, RequestOptions(n_predict=48, owner="alice")).result().tokens,
+                e.submit(B, RequestOptions(n_predict=48, owner="alice")).result().tokens]
         before = pool.n_drafts
-        outs.append(e.submit(A, n_predict=48, owner="bob").result().tokens)
+        outs.append(e.submit(A, RequestOptions(n_predict=48, owner="bob")).result().tokens)
     assert outs == plain
     assert (pool.n_drafts > before) == shared
 

@@ -117,7 +117,7 @@ def _speculative_checked(name: str, value) -> None:
     """``speculative.n_max`` is checked against the server's maximum when the request is submitted."""
     from llamaspec.errors import UsageError
 
-    spec = _parse({name: value}).speculative
+    spec = _parse({name: value}).options.speculative
     try:
         if spec is not None:
             spec.validate(BOUNDS["n_max"])

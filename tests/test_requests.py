@@ -11,6 +11,7 @@ from llamaspec.drafters.base import Drafter
 from llamaspec.engine import Engine, FinishReason, RequestState
 from llamaspec.errors import DecodeError, EngineClosedError, RequestError
 from llamaspec.params import SpecParams
+from llamaspec.options import RequestOptions
 
 from helpers import EXACT
 
@@ -86,7 +87,7 @@ def test_engine_thread_serves_submitters(tiny_model, lone):
         t = threading.Thread(target=loop)
         t.start()
         try:
-            reqs = [e.submit(PROMPTS[i % 4], n_predict=N) for i in range(5)]  # more than the slots: queued
+            reqs = [e.submit(PROMPTS[i % 4], RequestOptions(n_predict=N)) for i in range(5)]  # more than the slots: queued
             results = [r.result(timeout=60) for r in reqs]
         finally:
             stop.set()
@@ -97,8 +98,8 @@ def test_engine_thread_serves_submitters(tiny_model, lone):
 
 def test_a_reused_slot_never_sees_old_chunks(tiny_model, lone):
     with Engine(tiny_model("llama"), n_ctx=256, **EXACT) as e:
-        a = e.submit(PROMPTS[0], n_predict=N)
-        b = e.submit(PROMPTS[1], n_predict=N)  # waits for a's slot
+        a = e.submit(PROMPTS[0], RequestOptions(n_predict=N))
+        b = e.submit(PROMPTS[1], RequestOptions(n_predict=N))  # waits for a's slot
         assert b.state is RequestState.QUEUED
         rb = b.result()
         ra = a.result()
@@ -107,7 +108,7 @@ def test_a_reused_slot_never_sees_old_chunks(tiny_model, lone):
 
 def test_cancel_from_another_thread(tiny_model):
     with Engine(tiny_model("llama"), n_ctx=256, **EXACT) as e:
-        r = e.submit(PROMPTS[0], n_predict=200)
+        r = e.submit(PROMPTS[0], RequestOptions(n_predict=200))
         next(iter(r))
         threading.Thread(target=r.cancel).start()
         res = r.result(timeout=30)
@@ -117,7 +118,7 @@ def test_cancel_from_another_thread(tiny_model):
 
 def test_closed_engine_refuses(tiny_model):
     e = Engine(tiny_model("llama"), n_ctx=256)
-    r = e.submit(PROMPTS[0], n_predict=50)
+    r = e.submit(PROMPTS[0], RequestOptions(n_predict=50))
     e.close()
     assert r.done and r.finish_reason is FinishReason.ABORT
     for call in (lambda: e.step(), lambda: e.submit([1, 2]), lambda: e.tokenize("x"), lambda: e.generate([1])):
@@ -242,8 +243,8 @@ def test_a_one_off_failure_with_a_lagging_draft_memory_changes_nothing(tiny_mode
                 return chain_draft(self, *a, **kw)
 
             monkeypatch.setattr(type(e.chain), "draft", draft)
-        reqs = [e.submit(PROMPTS[0], n_predict=N, speculative=RequestSpec(n_max=0)),  # never drafts
-                e.submit(PROMPTS[1], n_predict=N), e.submit(PROMPTS[2], n_predict=N)]
+        reqs = [e.submit(PROMPTS[0], RequestOptions(n_predict=N, speculative=RequestSpec(n_max=0))),  # never drafts
+                e.submit(PROMPTS[1], RequestOptions(n_predict=N)), e.submit(PROMPTS[2], RequestOptions(n_predict=N))]
         res = [r.result() for r in reqs]
         monkeypatch.undo()
         assert state["n"] >= 4, "the failure was not injected"  # (a decode of the 3 slots, or a draft)
@@ -336,7 +337,7 @@ def test_draft_fuzz_greedy_equals_plain(tiny_model, lone, kind, n_rs_seq, n_para
     truth = {i: lone(kind, i, 40) for i in range(n_parallel)}
     d = Fuzzer(n_parallel, 5, truth, {i: len(PROMPTS[i]) for i in range(n_parallel)}, seed=n_parallel)
     with Engine(tiny_model(kind), drafters=[d], n_ctx=256, n_parallel=n_parallel, n_rs_seq=n_rs_seq, **EXACT) as e:
-        reqs = [e.submit(PROMPTS[i], n_predict=40) for i in range(n_parallel)]
+        reqs = [e.submit(PROMPTS[i], RequestOptions(n_predict=40)) for i in range(n_parallel)]
         while not all(r.done for r in reqs):
             e.step()
             for r in reqs:  # the memory invariant after every round
@@ -384,7 +385,7 @@ def test_done_callbacks_run_once_from_the_finishing_thread_or_at_once(tiny_model
         seen: list[tuple[str, int, bool]] = []
         threads: list[str] = []
         done = threading.Event()
-        r = e.submit([3, 4, 5], n_predict=40)
+        r = e.submit([3, 4, 5], RequestOptions(n_predict=40))
 
         def failing(req):
             raise RuntimeError("a callback that fails")
@@ -394,7 +395,7 @@ def test_done_callbacks_run_once_from_the_finishing_thread_or_at_once(tiny_model
                                          threads.append(threading.current_thread().name)))
         assert done.wait(30)
         r.add_done_callback(lambda req: seen.append(("late", req.id, req.done)))
-        again = e.submit([3, 4, 5], n_predict=3).result()  # the engine thread went on after the failing callback
+        again = e.submit([3, 4, 5], RequestOptions(n_predict=3)).result()  # the engine thread went on after the failing callback
     assert [s[0] for s in seen] == ["early", "late"] and all(s[1] == r.id and s[2] for s in seen)
     assert threads == ["llamaspec-engine"]
     assert r.result().finish_reason is FinishReason.LENGTH and len(again.tokens) == 3

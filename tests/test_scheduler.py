@@ -8,6 +8,7 @@ from llamaspec.engine import Engine, FinishReason, RequestState
 from llamaspec.errors import LlamaSpecError, UsageError
 from llamaspec.params import RequestSpec, SpecParams
 from llamaspec.scheduler import common_prefix
+from llamaspec.options import RequestOptions
 
 from helpers import EXACT
 
@@ -41,9 +42,9 @@ def test_long_prompt_does_not_stall_generating_slots(tiny_model, alone):
     long_prompt = [(i * 7) % 64 for i in range(200)]
     with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(3), n_ctx=1024, n_parallel=2,
                 n_batch=16, **EXACT) as e:
-        a = e.submit(PROMPTS[0], n_predict=40)
+        a = e.submit(PROMPTS[0], RequestOptions(n_predict=40))
         e.step()  # a's prompt
-        b = e.submit(long_prompt, n_predict=8)
+        b = e.submit(long_prompt, RequestOptions(n_predict=8))
         rounds_while_b_prompt = 0
         while b.state in (RequestState.QUEUED, RequestState.PROMPT):
             before = len(a.tokens)
@@ -79,18 +80,18 @@ def test_prompt_cache_reuses_the_common_prefix(tiny_model, alone, kind, draft):
 
 def test_slot_choice_by_prefix_and_id_slot(tiny_model):
     with Engine(tiny_model("llama"), n_ctx=512, n_parallel=2, cache_prompt=True, **EXACT) as e:
-        a = e.submit(PROMPTS[0], n_predict=4)
-        b = e.submit(PROMPTS[3], n_predict=4)
+        a = e.submit(PROMPTS[0], RequestOptions(n_predict=4))
+        b = e.submit(PROMPTS[3], RequestOptions(n_predict=4))
         a.result(), b.result()
         assert (a.seq_id, b.seq_id) == (0, 1)
-        c = e.submit(PROMPTS[3] + [5, 6], n_predict=4)  # shares its prefix with slot 1's cache
+        c = e.submit(PROMPTS[3] + [5, 6], RequestOptions(n_predict=4))  # shares its prefix with slot 1's cache
         c.result()
         assert c.slot.id == 1 and c.stats.n_cached == len(PROMPTS[3])
-        d = e.submit(PROMPTS[3], n_predict=4, id_slot=0, cache_prompt=False)
+        d = e.submit(PROMPTS[3], RequestOptions(n_predict=4, id_slot=0, cache_prompt=False))
         d.result()
         assert d.slot.id == 0 and d.stats.n_cached == 0
         with pytest.raises(UsageError, match="id_slot"):
-            e.submit(PROMPTS[0], id_slot=2)
+            e.submit(PROMPTS[0], RequestOptions(id_slot=2))
 
 
 def test_per_request_speculative_settings(tiny_model, alone):
@@ -101,7 +102,7 @@ def test_per_request_speculative_settings(tiny_model, alone):
         rej = e.generate(PROMPTS[0], n_predict=16, sampling=L.SamplingParams(temp=0.8, seed=1),
                          speculative=RequestSpec(verify="rejection"))
         with pytest.raises(UsageError, match="above the server's maximum 6"):
-            e.submit(PROMPTS[0], speculative=RequestSpec(n_max=7))
+            e.submit(PROMPTS[0], RequestOptions(speculative=RequestSpec(n_max=7)))
     truth = alone("llama", tuple(PROMPTS[0]), 16)
     assert off.tokens == two.tokens == full.tokens == truth
     assert off.stats.n_drafted == 0 and two.stats.n_drafted > 0
@@ -114,7 +115,7 @@ def test_engine_thread_metrics_and_slots(tiny_model, alone):
     with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(3), n_ctx=512, n_parallel=2,
                 **EXACT) as e:
         e.start()
-        reqs = [e.submit(PROMPTS[i % 4], n_predict=12) for i in range(6)]
+        reqs = [e.submit(PROMPTS[i % 4], RequestOptions(n_predict=12)) for i in range(6)]
         res = [r.result(timeout=60) for r in reqs]
         m = e.metrics()
         e.stop()
@@ -131,16 +132,16 @@ def test_common_prefix():
 
 def test_why_a_request_stopped_and_which_drafter_was_accepted(tiny_model, alone):
     with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(3), n_ctx=256, **EXACT) as e:
-        r = e.submit(PROMPTS[0], n_predict=8)
+        r = e.submit(PROMPTS[0], RequestOptions(n_predict=8))
         r.result()
         assert (r.stop_type, r.truncated) == ("limit", False)
         assert r.stats.n_accepted_by_type == {"draft-simple": r.stats.n_accepted} and r.stats.n_accepted > 0
         text = e.generate(PROMPTS[0], n_predict=8).text
         word = text[3:5]
-        w = e.submit(PROMPTS[0], n_predict=8, stop=[word])
+        w = e.submit(PROMPTS[0], RequestOptions(n_predict=8, stop=[word]))
         w.result()
         assert (w.stop_type, w.stopping_word) == ("word", word)
-        full = e.submit(PROMPTS[0], n_predict=-1)
+        full = e.submit(PROMPTS[0], RequestOptions(n_predict=-1))
         full.result()
         assert (full.stop_type, full.truncated) == ("limit", True)
 
@@ -207,7 +208,7 @@ def test_a_failing_cancel_drops_no_later_cancel(tiny_model, monkeypatch):
     """Cancels queued together are applied one by one: when freeing the first one's memory fails (an RPC
     server gone), the second is still cancelled, and both requests end (their consumers would wait forever)."""
     with Engine(tiny_model("llama"), n_ctx=512, n_parallel=2) as eng:
-        reqs = [eng.submit(p, n_predict=200) for p in PROMPTS[:2]]
+        reqs = [eng.submit(p, RequestOptions(n_predict=200)) for p in PROMPTS[:2]]
         for _ in range(3):
             eng.step()
         assert all(r.state is RequestState.GENERATING for r in reqs)
@@ -220,7 +221,7 @@ def test_a_failing_cancel_drops_no_later_cancel(tiny_model, monkeypatch):
         assert len(calls) == 2
         monkeypatch.undo()
         # both slots serve again
-        again = [eng.submit(p, n_predict=4) for p in PROMPTS[2:]]
+        again = [eng.submit(p, RequestOptions(n_predict=4)) for p in PROMPTS[2:]]
         while not all(r.done for r in again):
             eng.step()
         assert [len(r.result().tokens) for r in again] == [4, 4]
@@ -230,7 +231,7 @@ def test_a_failing_retire_settles_the_other_slots(tiny_model, monkeypatch):
     """Two requests finish in the same round and freeing the first one's memory fails: both still end with
     their tokens (the step settles slot by slot), and the engine serves on."""
     with Engine(tiny_model("llama"), n_ctx=512, n_parallel=2, cache_prompt=False) as eng:
-        reqs = [eng.submit(p, n_predict=6) for p in (PROMPTS[0], PROMPTS[3])]
+        reqs = [eng.submit(p, RequestOptions(n_predict=6)) for p in (PROMPTS[0], PROMPTS[3])]
         for _ in range(3):
             eng.step()  # both prompts in, the slots generating
         calls = _release_fails_once(eng, monkeypatch)

@@ -683,7 +683,7 @@ class _ScriptedEngine:
         time.sleep(min(0.01, timeout))
         return ready()
 
-    def submit(self, prompt, **kw):
+    def submit(self, prompt, options=None, **kw):
         self.reqs.append(_ScriptedRequest(self.script, self.delay))
         return self.reqs[-1]
 

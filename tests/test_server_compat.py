@@ -20,6 +20,7 @@ from llamaspec.engine import Engine  # noqa: E402
 from llamaspec.server.app import ServerConfig, ServerState, create_app  # noqa: E402
 from llamaspec.server.errors import ApiError  # noqa: E402
 from llamaspec.server.parsing import Body, parse_gen_params, parse_prompts, Defaults  # noqa: E402
+from llamaspec.options import RequestOptions
 
 from helpers import real_model  # noqa: E402
 
@@ -172,14 +173,14 @@ def test_assistant_prefill_continues_after_the_assistant_header(client):
 # return_progress
 # ---------------------------------------------------------------------------------------------------
 def test_engine_progress_chunks(engine):
-    req = engine.submit(PROMPT, n_predict=2, progress=True, cache_prompt=False)
+    req = engine.submit(PROMPT, RequestOptions(n_predict=2, progress=True, cache_prompt=False))
     chunks = list(req.chunks())
     prog = [c.progress for c in chunks if c.progress is not None]
     assert [(p.total, p.cache, p.processed) for p in prog] == [(20, 0, 0), (20, 0, 8), (20, 0, 16), (20, 0, 20)]
     assert prog[0].time_ms == 0.0 and prog[-1].time_ms > 0
     first_token = next(i for i, c in enumerate(chunks) if c.tokens)
     assert all(c.progress is not None for c in chunks[:first_token]) and len(req.tokens) == 2
-    plain = engine.submit(PROMPT, n_predict=2, cache_prompt=False)
+    plain = engine.submit(PROMPT, RequestOptions(n_predict=2, cache_prompt=False))
     assert all(c.progress is None for c in plain.chunks())
 
 

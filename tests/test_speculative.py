@@ -11,6 +11,7 @@ from llamaspec.drafters.base import Drafter
 from llamaspec.engine import Engine, SlotState
 from llamaspec.errors import ModelFormatError, UsageError, VocabMismatchError
 from llamaspec.params import SpecParams
+from llamaspec.options import RequestOptions
 
 from helpers import EXACT
 
@@ -97,7 +98,7 @@ def test_draft_equals_target_accepts_everything(tiny_model):
 def test_memory_invariant_every_round(tiny_model):
     for tgt, dft, rs in [("llama", "llama-draft", None), ("mamba", "mamba-draft", None), ("lfm2", "lfm2-draft", 2)]:
         with Engine(tiny_model(tgt), draft=tiny_model(dft), spec=spec(3), n_ctx=256, n_rs_seq=rs) as e:
-            req = e.submit(PROMPTS[0], n_predict=40)
+            req = e.submit(PROMPTS[0], RequestOptions(n_predict=40))
             slot = req.slot
             while not req.done:
                 e.step()
@@ -118,7 +119,7 @@ def test_abandoned_stream_and_exception(tiny_model, monkeypatch):
             next(it)
         it.close()
         assert e.ctx.memory.pos_max(0) == -1 and e.ctx_dft.memory.pos_max(0) == -1
-        req = e.submit(PROMPTS[1], n_predict=40)
+        req = e.submit(PROMPTS[1], RequestOptions(n_predict=40))
         slot = req.slot
         e.step(), e.step()
         real = L.Sampler.sample
@@ -348,7 +349,7 @@ def test_draft_kv_reuse_keeps_output_and_skips_reeval(tiny_model, plain, n_paral
                 **EXACT) as e:
         assert e.rollback_dft.reuse_kv
         if n_parallel == 1:
-            req = e.submit(PROMPTS[0], n_predict=N)
+            req = e.submit(PROMPTS[0], RequestOptions(n_predict=N))
             slot = req.slot
             out = []
             while not req.done:

@@ -83,6 +83,7 @@ def run_soak(model: str, *, n_requests: int = 1000, pool_tokens: int = 16384, n_
              progress: Callable[[str], None] = lambda s: None) -> dict:
     from .. import _llama as llama
     from ..engine import Engine
+    from ..options import RequestOptions
     from ..params import SpecParams
 
     spec = SpecParams()
@@ -109,7 +110,7 @@ def run_soak(model: str, *, n_requests: int = 1000, pool_tokens: int = 16384, n_
                 prompts.append(text)
                 samp = (llama.SamplingParams(temp=0.0) if i % 3 else
                         llama.SamplingParams(temp=0.8, top_k=40, top_p=0.95, seed=seed + i))
-                req = eng.submit(text, n_predict=n_predict, sampling=samp, owner=("", "tenant-a", "tenant-b")[i % 3])
+                req = eng.submit(text, RequestOptions(n_predict=n_predict, sampling=samp, owner=("", "tenant-a", "tenant-b")[i % 3]))
                 live.append((i, req))
             eng.step()
             n_steps += 1

@@ -36,13 +36,14 @@ import numpy as np
 from .. import _llama as llama
 from .._llama import compat as lcp
 from ..logprobs import ProbsSpec
+from ..options import RequestOptions, SamplerHooks
 from ..scheduler import common_prefix
 from ..slot import FinishReason
 from ..text import TextStream
 from .args import CompatError
 from .scoring import CompletionLogprobs
 
-__all__ = ["as_processor", "build_sampling", "sampler_opts", "completion_chunks", "prompt_tokens", "sampling_params"]
+__all__ = ["as_processor", "build_sampling", "sampler_hooks", "completion_chunks", "prompt_tokens", "sampling_params"]
 
 REPORT_KEY = "llamaspec"
 
@@ -137,10 +138,10 @@ def as_processor(logits_processor: Any) -> "Callable[[np.ndarray, np.ndarray], n
     return run
 
 
-def sampler_opts(logits_processor: Any) -> dict:
-    """The target sampler's options for a llama-cpp-python request: its ``logits_processor``, and penalties over
+def sampler_hooks(logits_processor: Any) -> SamplerHooks:
+    """The target sampler's hooks for a llama-cpp-python request: its ``logits_processor``, and penalties over
     the generated tokens only (llama-cpp-python's sampler never sees the prompt)."""
-    return {"logits_processor": as_processor(logits_processor), "penalize_prompt": False}
+    return SamplerHooks(logits_processor=as_processor(logits_processor), penalize_prompt=False)
 
 
 def _stops(stop: "str | list[str] | None") -> list[str]:
@@ -195,10 +196,10 @@ def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "i
             out[REPORT_KEY] = report
         return out
 
-    req = engine.submit(tokens, n_predict=max_tokens, sampling=sampling, stop=stops,
-                        cache_prompt=llm._take_cache_permission(),
-                        probs=ProbsSpec(logprobs) if logprobs is not None else None,
-                        sampler_opts=sampler_opts(logits_processor))
+    req = engine.submit(tokens, RequestOptions(n_predict=max_tokens, sampling=sampling, stop=tuple(stops),
+                                               cache_prompt=llm._take_cache_permission(),
+                                               probs=ProbsSpec(logprobs) if logprobs is not None else None,
+                                               hooks=sampler_hooks(logits_processor)))
     text = TextStream(stops)
     completion: list[int] = []
     finish = "length"

@@ -32,7 +32,8 @@ from .._llama import compat as lcp
 from ..sampler import GRAMMAR_END
 from ..slot import FinishReason
 from .args import CompatError
-from .completion import build_sampling, sampler_opts
+from ..options import RequestOptions
+from .completion import build_sampling, sampler_hooks
 from .scoring import Scorer
 
 __all__ = ["TokenAPI"]
@@ -164,8 +165,9 @@ class TokenAPI:
     def _submit(self, tokens: list[int], n_predict: int, sampling=None, logits_processor=None):
         engine = self._require_engine()
         self._end_live()
-        return engine.submit(tokens, n_predict=n_predict, sampling=sampling, cache_prompt=self._take_cache_permission(),
-                             sampler_opts=sampler_opts(logits_processor))
+        return engine.submit(tokens, RequestOptions(n_predict=n_predict, sampling=sampling,
+                                                    cache_prompt=self._take_cache_permission(),
+                                                    hooks=sampler_hooks(logits_processor)))
 
     @staticmethod
     def _check(req) -> None:

@@ -21,6 +21,7 @@ llamaspec.server.errors.ApiError: Field 'top_k': expected an integer, got "5"
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 from .. import _llama as llama
 from ..errors import UsageError
+from ..options import RequestOptions, Shift, TextLimits
 from ..params import RequestSpec
 from . import cancel
 from .constraints import JSON_GRAMMAR, parse_grammar, parse_logit_bias
@@ -161,14 +163,10 @@ class Defaults:
 
 @dataclass
 class GenParams:
-    """One generation request, parsed (the prompt is parsed separately)."""
+    """One generation request, parsed (the prompt is parsed separately): what the engine is asked for
+    (:class:`~llamaspec.options.RequestOptions`) and how the answer goes back over HTTP."""
 
-    n_predict: int
-    sampling: llama.SamplingParams
-    stop: list[str]
-    speculative: RequestSpec | None
-    id_slot: int = -1
-    cache_prompt: bool = True
+    options: RequestOptions
     stream: bool = False
     include_usage: bool = False
     timings_per_token: bool = False
@@ -177,12 +175,14 @@ class GenParams:
     return_progress: bool = False
     n_cmpl: int = 1
     extra: dict = field(default_factory=dict)
-    probs: Any = None  # the token probabilities asked for: a llamaspec.logprobs.ProbsSpec (server.probs)
-    #: llama-server's line limits ``n_indent`` / ``t_max_predict_ms`` (llamaspec.text.TextStream), when given
-    text_limits: dict = field(default_factory=dict)
-    #: llama-server's context-shift settings (llamaspec.ctx_shift; ``n_keep`` -1: the whole prompt stays)
-    n_keep: int = 0
-    n_discard: int = 0
+
+    @property
+    def sampling(self) -> llama.SamplingParams:
+        return self.options.sampling  # type: ignore[return-value] - parse_gen_params always sets it
+
+    def with_grammar(self, grammar: str) -> None:
+        """Constrain the output with ``grammar`` (a forced tool call's, a response format's)."""
+        self.options = dataclasses.replace(self.options, sampling=dataclasses.replace(self.sampling, grammar=grammar))
 
 
 def parse_speculative(b: Body) -> RequestSpec | None:
@@ -311,24 +311,23 @@ def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
     include_usage = so.get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise invalid(f"Field 'stream_options.include_usage': expected true or false, got {_show(include_usage)}")
+    stream = b.bool("stream", False)
+    return_progress = b.bool("return_progress", False)
+    text = {k: v for k in ("n_indent", "t_max_predict_ms")
+            if (v := b.int(k, 0, lo=-1 if k == "t_max_predict_ms" else 0)) and v > 0}
+    options = RequestOptions(
+        n_predict=n_predict, sampling=sampling, stop=tuple(_stop(b, limits)), speculative=parse_speculative(b),
+        id_slot=b.int("id_slot", -1, lo=-1), cache_prompt=b.bool("cache_prompt", True), probs=parse_probs(b),
+        shift=Shift(b.int("n_keep", 0, lo=-1, hi=I32_MAX), b.int("n_discard", 0, lo=0, hi=I32_MAX)),
+        text=TextLimits(**text), progress=return_progress and stream)
     return GenParams(
-        n_predict=n_predict,
-        sampling=sampling,
-        stop=_stop(b, limits),
-        speculative=parse_speculative(b),
-        id_slot=b.int("id_slot", -1, lo=-1),
-        cache_prompt=b.bool("cache_prompt", True),
-        stream=b.bool("stream", False),
+        options=options,
+        stream=stream,
         include_usage=bool(include_usage),
         timings_per_token=b.bool("timings_per_token", False),
         return_tokens=b.bool("return_tokens", False),
-        return_progress=b.bool("return_progress", False),
+        return_progress=return_progress,
         n_cmpl=b.int("n", 1, aliases=("n_cmpl",), lo=1, hi=MAX_N_CMPL),
-        probs=parse_probs(b),
-        n_keep=b.int("n_keep", 0, lo=-1, hi=I32_MAX),
-        n_discard=b.int("n_discard", 0, lo=0, hi=I32_MAX),
-        text_limits={k: v for k in ("n_indent", "t_max_predict_ms")
-                     if (v := b.int(k, 0, lo=-1 if k == "t_max_predict_ms" else 0)) and v > 0},
     )
 
 

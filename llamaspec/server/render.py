@@ -21,7 +21,7 @@ SYSTEM_FINGERPRINT = f"llamaspec-{__version__}"
 
 def _timings(state: "ServerState", st) -> dict:
     eng = state.engine
-    return formats.timings(st, speculative=eng is not None and getattr(eng, "chain", None) is not None)
+    return formats.timings(st, speculative=eng is not None and eng.chain is not None)
 
 
 def _slot_id(req: "Request") -> int:
@@ -32,12 +32,12 @@ def _progress(state: "ServerState", gen: GenParams, ch) -> dict:
     """``prompt_progress`` (and ``timings`` with ``timings_per_token``) of a progress chunk."""
     eng = state.engine
     return formats.progress_fields(ch.progress, with_timings=gen.timings_per_token,
-                                   speculative=eng is not None and getattr(eng, "chain", None) is not None)
+                                   speculative=eng is not None and eng.chain is not None)
 
 
 def _probs_render(state: "ServerState", gen: GenParams) -> ProbsRender | None:
     """The token-probability renderer of a request that asked for them (None: it did not)."""
-    probs = getattr(gen, "probs", None)
+    probs = gen.options.probs
     eng = state.engine
     return ProbsRender(eng.vocab, probs.post_sampling) if probs is not None and eng is not None else None
 
@@ -283,17 +283,17 @@ def generation_settings(eng: "Engine", gen: GenParams | None, defaults: Defaults
     """llama-server's ``generation_settings`` / slot ``params`` (the fields llamaspec has)."""
     spec = eng.spec
     if gen is not None:
-        s = gen.sampling
-        d = {"n_predict": gen.n_predict, "temperature": s.temp, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+        o, s = gen.options, gen.sampling
+        d = {"n_predict": o.n_predict, "temperature": s.temp, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
              "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
              "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty, "seed": s.seed,
-             "stop": list(gen.stop), "grammar": s.grammar or "", "stream": gen.stream,
-             "n_probs": gen.probs.n_probs if getattr(gen, "probs", None) else 0,
-             "post_sampling_probs": bool(getattr(gen, "probs", None) and gen.probs.post_sampling),
-             "cache_prompt": gen.cache_prompt, "id_slot": gen.id_slot, "ignore_eos": s.ignore_eos,
-             "n_keep": gen.n_keep, "n_discard": gen.n_discard,
+             "stop": list(o.stop), "grammar": s.grammar or "", "stream": gen.stream,
+             "n_probs": o.probs.n_probs if o.probs else 0,
+             "post_sampling_probs": bool(o.probs and o.probs.post_sampling),
+             "cache_prompt": o.cache_prompt, "id_slot": o.id_slot, "ignore_eos": s.ignore_eos,
+             "n_keep": o.shift.n_keep, "n_discard": o.shift.n_discard,
              "logit_bias": _logit_bias_json(eng, s)}
-        rs = gen.speculative
+        rs = o.speculative
     else:
         d = {"n_predict": defaults.n_predict, "temperature": defaults.temp, "top_k": defaults.top_k,
              "top_p": defaults.top_p, "min_p": defaults.min_p, "repeat_penalty": defaults.repeat_penalty,

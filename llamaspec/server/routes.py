@@ -2,6 +2,7 @@
 request -> engine bridge they share (:func:`submit`)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -53,14 +54,6 @@ def _tokenize_prompt(eng: "Engine", text: str, add_special: bool = True) -> list
     return eng.tokenize(text, add_special=add_special, parse_special=True)
 
 
-def _submit_kwargs(eng: "Engine", gen: GenParams) -> dict:
-    return {"n_predict": gen.n_predict, "sampling": gen.sampling, "stop": gen.stop, "speculative": gen.speculative,
-            "id_slot": gen.id_slot, "cache_prompt": gen.cache_prompt, "probs": gen.probs,
-            **({"progress": True} if gen.return_progress and gen.stream else {}),
-            **({"text_limits": gen.text_limits} if gen.text_limits else {}),
-            **({"n_keep": gen.n_keep, "n_discard": gen.n_discard} if gen.n_keep or gen.n_discard else {})}
-
-
 def submit(state: ServerState, prompts: list[list[int]], gen: GenParams) -> JobGroup:
     """Queue one engine request per prompt (times ``n``); 400 / 503 before anything runs when one cannot
     (a worker thread runs it, or the event loop for a small request: ``Engine.submit`` builds samplers and may
@@ -69,21 +62,17 @@ def submit(state: ServerState, prompts: list[list[int]], gen: GenParams) -> JobG
     state.check_accepting()
     check_generations(len(prompts), gen.n_cmpl, state.config.limits)
     n_ctx = eng.n_ctx_seq
-    if gen.id_slot >= eng.n_parallel:
-        raise invalid(f"Field 'id_slot': this server has {eng.n_parallel} slots (0..{eng.n_parallel - 1}), "
-                      f"got {gen.id_slot}")
-    for toks in prompts:
-        if not toks:
-            raise invalid("the prompt is empty (and the model adds no BOS token): give at least one token")
+    for toks in prompts:  # llama-server's exceed_context_size_error before anything is queued
         if len(toks) >= n_ctx:
             raise exceed_context(len(toks), n_ctx)
+    # the engine validates them (a UsageError is a 400 naming the field, before anything is queued)
+    opts = dataclasses.replace(gen.options, owner=current_tenant())  # the API key's tenant (server/tenant.py)
     reqs: list["Request"] = []
-    kw = {**_submit_kwargs(eng, gen), "owner": current_tenant()}  # the API key's tenant (server/tenant.py)
     state.admission.reserve(len(prompts) * gen.n_cmpl)  # 503 + Retry-After when the server is full
     try:
         for toks in prompts:
             for _ in range(gen.n_cmpl):
-                reqs.append(eng.submit(toks, **kw))
+                reqs.append(eng.submit(toks, opts))
     except BaseException as e:
         state.admission.release(len(prompts) * gen.n_cmpl)
         for r in reqs:
@@ -150,7 +139,7 @@ async def _generation(state: ServerState, b: Body, prompts, tools: ToolSpec | No
             if gen.sampling.grammar:
                 raise invalid("Field 'tool_choice': a required or named tool call constrains the output itself: "
                               "give no 'grammar', 'json_schema' or 'response_format' with it")
-            gen.sampling.grammar = tools.grammar(_llama.json_schema_to_grammar)
+            gen.with_grammar(tools.grammar(_llama.json_schema_to_grammar))
             check_alternatives("tools", gen.sampling.grammar, state.config.limits.max_grammar_alternatives)
         return gen, submit(state, prompts(b, gen), gen)
 
@@ -364,13 +353,14 @@ def _slot_json(state: ServerState, eng: "Engine", info: dict) -> dict:
     out: dict = {"id": info["id"], "n_ctx": eng.n_ctx_seq, "speculative": eng.chain is not None, "is_processing": busy}
     req = eng.request_in_slot(info["id"]) if busy else None
     n_decoded, n_remain = (int(info.get("n_predicted", 0)), -1) if busy else (0, -1)  # idle: nothing left over
-    if req is not None and req.n_predict >= 0:
-        n_remain = max(0, req.n_predict - n_decoded)
+    opts = req.options if req is not None else None
+    if opts is not None and opts.n_predict >= 0:
+        n_remain = max(0, opts.n_predict - n_decoded)
     if busy:
         out["id_task"] = info.get("id_task") if info.get("id_task") is not None else -1
-        out["params"] = generation_settings(eng, None, state.config.defaults, state.config.model_id) if req is None else {
-            "n_predict": req.n_predict, "temperature": req.sampling.temp, "seed": req.sampling.seed,
-            "stop": list(req.stop), "speculative": _spec_json(req.speculative)}
+        out["params"] = generation_settings(eng, None, state.config.defaults, state.config.model_id) if opts is None else {
+            "n_predict": opts.n_predict, "temperature": opts.sampling.temp, "seed": opts.sampling.seed,
+            "stop": list(opts.stop), "speculative": _spec_json(opts.speculative)}
     out["next_token"] = [{"has_next_token": busy, "has_new_line": False, "n_remain": n_remain, "n_decoded": n_decoded,
                           "stopping_word": ""}]
     # llamaspec: where the slot is and what its prompt cache holds
