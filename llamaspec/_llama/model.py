@@ -93,7 +93,7 @@ def check_offload(*, n_gpu_layers=None, main_gpu=None, split_mode=None, tensor_s
         raise UsageError(f"unknown split mode {split_mode!r} (-sm): valid are {', '.join(SPLIT_MODES)}")
     if split_mode == "tensor" and not supports_gpu_offload():
         raise UsageError("split mode tensor (-sm) splits tensors across GPUs, and this llama.cpp build has no GPU "
-                         "backend: use another split mode, or a GPU build (README, GPU offload)")
+                         "backend: use another split mode, or a GPU build (docs/cli.md, GPU offload)")
     if tensor_split is None:
         return None
     if isinstance(tensor_split, (str, bytes)) or not hasattr(tensor_split, "__iter__"):
@@ -156,7 +156,7 @@ def _warn_no_gpu_once() -> None:
     if not _warned_no_gpu:
         _warned_no_gpu = True
         log.warning("this llama.cpp build has no GPU offload: the GPU layers setting (-ngl) is ignored, the model "
-                    "runs on the CPU (see README, GPU offload)")
+                    "runs on the CPU (see docs/cli.md, GPU offload)")
 
 
 class Model(_Owned):

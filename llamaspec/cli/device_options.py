@@ -44,7 +44,7 @@ def device_options(*, bench: bool = False):
                      help="CPU threads for the draft model's generation (default: same as -t)."),
         click.option("--rpc", "rpc", metavar="HOST:PORT[,...]", default=None,
                      help="llama.cpp RPC servers (ggml-rpc-server) holding the target's offloaded layers, split "
-                          "by -ts in this order (needs llama.cpp built with --rpc, see README)."),
+                          "by -ts in this order (needs llama.cpp built with --rpc, see docs/cli.md)."),
         click.option("--rpc-draft", "rpc_draft", metavar="HOST:PORT[,...]", default=None,
                      help="RPC servers for the draft model (default: none, the draft runs locally next to "
                           "the speculative loop)."),

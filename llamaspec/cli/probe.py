@@ -14,7 +14,7 @@ from .device_options import device_options, pop_device_options
 @click.command()
 @click.argument("target", required=False)
 @click.option("-md", "--draft-model", "draft", default=None, help="Draft model (name or path) to compare with the target.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (schema in the README).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (schema in docs/cli.md).")
 @click.option("--no-bench", is_flag=True, help="Skip timings (checkpoint cost, verify-cost curve): levels and metadata only.")
 @click.option("--n-rs-seq", type=click.IntRange(min=1, max=64), default=8, show_default=True,
               help="Recurrent-state snapshots to request when checking whether RS is available.")

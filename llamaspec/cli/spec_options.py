@@ -19,7 +19,7 @@ _OPTIONS = [
     click.option("--spec-pool-tokens", type=int, default=None,
                  help="ngram-lookup / auto: tokens of finished requests kept in the shared pool every slot also "
                       "drafts from (prompts and outputs of earlier and running requests; the oldest go first). "
-                      "0 = no pool. Default 262144 (~60 MB)."),
+                      "0 = no pool. Default 262144 (about 75 MB at the 288 bytes a token of docs/benchmarks/pool-soak.md)."),
     click.option("--spec-pool-shared", is_flag=True,
                  help="ngram-lookup / auto: every API key drafts from every other's text in the pool (default: "
                       "each key only from its own, so drafting leaks nothing through timing)."),
