@@ -21,7 +21,7 @@ from . import rpc
 from .kv_memory import Memory
 from .log import _forget_native_errors, _last_native_error, backend_init
 from .model import Model, _Owned
-from .threads import ThreadTuner, cpu_idle_meter
+from .threads import ThreadTuner, free_cores
 from .token_batch import TokenBatch
 
 PROCESS_ENCODE = native.LLAMA_PROCESS_TYPE_ENCODE
@@ -315,7 +315,7 @@ class Context(_Owned):
         n = self.params.n_threads_batch or self.params.n_threads or default_threads()
         counts = list(dict.fromkeys(counts if counts is not None else [n, max(1, n // 2), 1]))
         ptr = None if self._rpc or len(counts) < 2 else self.live_ptr()
-        self.threads = (ThreadTuner(counts, lambda k: native.llama_set_n_threads(ptr, k, k), idle_share=cpu_idle_meter())
+        self.threads = (ThreadTuner(counts, lambda k: native.llama_set_n_threads(ptr, k, k), free_cores=free_cores)
                         if ptr else None)
         return self.threads
 

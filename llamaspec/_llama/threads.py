@@ -12,8 +12,13 @@ bucket (1, 2, 3-4, 5-8, ... rows) it keeps the decode times of each thread count
 of each), decodes with the current choice, and every ``probe_every`` decodes of that bucket tries another count
 for ``probe_len`` decodes: a count whose median time is ``gain`` faster becomes the choice. While the choice
 wins clearly the interval doubles (up to ``probe_every_max``: on a quiet machine a probe then costs under 1%).
-Running fewer threads than configured, it also asks the OS every few decodes whether the cores went idle (the
-load stopped) and then tries the configured count at once. The thread count does not change what a decode computes (each
+
+Before all that, the OS says how many cores are free: :class:`FreeCores` reads the machine's busy time
+(``/proc/stat``) and this process's own CPU time (``os.times``) at most every quarter second; what other processes
+use is the difference. While they use cores that this context's threads would need, a decode runs with as many
+threads as there are free cores (at least one) and nothing is probed: a timed probe of two threads on a busy box
+costs up to ten decodes, and timings taken under load say more about the load than about the thread count. When
+the other processes stop, the cap lifts at the next reading. The thread count does not change what a decode computes (each
 output is reduced by one thread, whatever their number), so outputs are the same whatever is chosen.
 
 Only where the user gave no thread count (``-t`` / ``-tb`` / ``-td`` are honoured) and the decode runs on the
@@ -21,24 +26,31 @@ CPU (offloaded layers and RPC servers are timed by other clocks).
 
 >>> applied = []
 >>> t = ThreadTuner([2, 1], applied.append, probe_every=4, probe_len=2)
->>> for _ in range(12):                       # two threads take 20 ms a decode, one takes 8 ms (a busy box)
+>>> for _ in range(12):                       # two threads take 20 ms a decode, one takes 8 ms
 ...     n = t.before(1); t.after(1, 0.020 if n == 2 else 0.008)
 >>> t.choice(1), applied[:3]
 (1, [2, 1, 2])
+>>> free = [1.0]                               # another process uses one of the two cores
+>>> t = ThreadTuner([2, 1], applied.append, free_cores=lambda: free[0])
+>>> [t.before(1) for _ in range(3)]
+[1, 1, 1]
 """
 from __future__ import annotations
 
+import os
 import statistics
+import threading
+import time
 from collections import deque
 from typing import Callable, Sequence
 
-__all__ = ["ThreadTuner", "bucket", "cpu_idle_meter"]
+__all__ = ["FreeCores", "ThreadTuner", "bucket", "free_cores"]
 
 
-#: how often (in decodes) a tuner running fewer threads than configured asks the OS whether cores went idle,
-#: and the idle share of all cores that triggers a probe of the configured count
-IDLE_EVERY = 8
-IDLE_SHARE = 0.3
+#: the shortest interval (seconds) over which FreeCores measures, and how much of a core may be in use by others
+#: for it still to count as free (a browser tab, a shell)
+MEASURE_EVERY = 0.25
+SLACK = 0.3
 #: a probe ends at its first decode when that took this many times the choice's median
 ABORT = 1.5
 #: the last count that won a probe, by candidate list, in this process: where a new context starts (the machine's
@@ -46,37 +58,65 @@ ABORT = 1.5
 _LAST_CHOICE: dict[tuple[int, ...], int] = {}
 
 
-def cpu_idle_meter(path: str = "/proc/stat") -> "Callable[[], float | None] | None":
-    """A function returning the share of all CPUs' time spent idle since its last call (Linux ``/proc/stat``);
-    None where the file cannot be read.
+class FreeCores:
+    """How many of the machine's cores other processes leave free (module docstring): the busy time of all cores
+    (``/proc/stat``) less this process's own CPU time (``os.times``), over the last interval of at least
+    ``MEASURE_EVERY`` seconds. ``read()`` gives the last estimate (None where ``/proc/stat`` cannot be read).
 
-    >>> m = cpu_idle_meter(); m is None or 0.0 <= (m() or 0.0) <= 1.0
+    >>> f = FreeCores(); v = f.read(); v is None or 0.0 <= v <= f.n_cpus
     True
     """
-    def read() -> tuple[int, int] | None:
+
+    def __init__(self, path: str = "/proc/stat", clock: Callable[[], float] = time.monotonic,
+                 own_cpu: Callable[[], float] = lambda: sum(os.times()[:2])):
+        self.path, self.clock, self.own_cpu = path, clock, own_cpu
+        self._lock = threading.Lock()
+        self.n_cpus = 0
+        self._last = self._sample()
+        self._free: float | None = None
+
+    def _sample(self) -> "tuple[float, int, int, float] | None":
         try:
-            with open(path, "rb") as f:
-                vals = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
+            with open(self.path, "rb") as f:
+                lines = f.read().split(b"\n")
+            vals = [int(x) for x in lines[0].split()[1:9]]
+        except (OSError, ValueError, IndexError):
             return None
         if len(vals) < 5:
             return None
-        return vals[3] + vals[4], sum(vals[:8])  # idle + iowait, total (without guest time, counted in user)
+        self.n_cpus = sum(1 for ln in lines[1:] if ln.startswith(b"cpu")) or (os.cpu_count() or 1)
+        # idle + iowait, and the total (guest time is counted in user already)
+        return self.clock(), vals[3] + vals[4], sum(vals), self.own_cpu()
 
-    last = read()
-    if last is None:
-        return None
-    prev = [last]
+    def read(self) -> float | None:
+        with self._lock:
+            last = self._last
+            if last is None:
+                return None
+            if self.clock() - last[0] >= MEASURE_EVERY:
+                now = self._sample()
+                if now is None:
+                    return self._free
+                d_wall, d_idle, d_total, d_own = now[0] - last[0], now[1] - last[1], now[2] - last[2], now[3] - last[3]
+                if d_total > 0 and d_wall > 0:
+                    busy = (1.0 - d_idle / d_total) * self.n_cpus  # cores in use, all processes
+                    others = max(0.0, busy - d_own / d_wall)
+                    self._free = max(0.0, self.n_cpus - others)
+                self._last = now
+            return self._free
 
-    def share() -> float | None:
-        now = read()
-        if now is None:
-            return None
-        d_idle, d_total = now[0] - prev[0][0], now[1] - prev[0][1]
-        prev[0] = now
-        return d_idle / d_total if d_total > 0 else None
 
-    return share
+_FREE: FreeCores | None = None
+_FREE_LOCK = threading.Lock()
+
+
+def free_cores() -> float | None:
+    """The process-wide :class:`FreeCores` estimate (every context of the process shares one meter)."""
+    global _FREE
+    with _FREE_LOCK:
+        if _FREE is None:
+            _FREE = FreeCores()
+    return _FREE.read()
 
 
 def bucket(n: int) -> int:
@@ -111,7 +151,7 @@ class ThreadTuner:
 
     def __init__(self, counts: Sequence[int], apply: Callable[[int], None], *, probe_every: int = 16,
                  probe_every_max: int = 256, probe_len: int = 3, window: int = 8, gain: float = 0.10,
-                 idle_share: "Callable[[], float | None] | None" = None):
+                 free_cores: "Callable[[], float | None] | None" = None):
         counts = list(dict.fromkeys(int(c) for c in counts if int(c) >= 1))
         if not counts:
             raise ValueError("a thread tuner needs at least one thread count")
@@ -121,9 +161,10 @@ class ThreadTuner:
         self.window, self.gain = window, gain
         self._buckets: dict[int, _Bucket] = {}
         self._applied: int | None = None
-        #: the share of the machine's CPU time that was idle since the last call (cpu_idle_meter), or None
-        self.idle_share: Callable[[], float | None] | None = idle_share
-        self._n_since_idle = 0
+        #: the cores other processes leave free (FreeCores.read; None: unknown, no cap)
+        self.free_cores: Callable[[], float | None] | None = free_cores
+        #: decodes run under the cap (fewer threads because other processes use the cores)
+        self.n_capped = 0
         self._running: tuple[_Bucket, int] | None = None
         #: probes run, and how often the choice changed
         self.n_probes = 0
@@ -150,27 +191,30 @@ class ThreadTuner:
         """The thread count chosen for decodes of ``n_rows`` rows."""
         return self._state(n_rows).cur
 
+    def cap(self) -> int:
+        """The most threads the free cores allow now (the configured count when nobody else uses them)."""
+        free = self.free_cores() if self.free_cores is not None else None
+        if free is None:
+            return self.counts[0]
+        return max(1, min(self.counts[0], int(free + SLACK)))
+
     def before(self, n_rows: int) -> int:
         """Before a decode of ``n_rows`` rows: set and return the thread count it runs with."""
         st = self._state(n_rows)
-        if st.probe is None and len(self.counts) > 1:
-            alt = None
-            if st.left <= 0:
-                # more threads than now can only be faster where cores are idle: while the OS sees none (another
-                # process has them) only fewer are tried (a two-thread probe on a busy box costs up to 10x a decode)
-                alts = [c for c in self.counts if c < st.cur or (c > st.cur and self._idle_now())]
-                if alts:
+        cap = self.cap()
+        if cap < self.counts[0]:  # other processes use the cores: no probe, as many threads as cores are free
+            st.probe = None
+            n = min(st.cur, cap)
+            self.n_capped += 1
+        else:
+            if st.probe is None and len(self.counts) > 1:
+                if st.left <= 0:
+                    alts = [c for c in self.counts if c != st.cur]
                     alt = alts[st.next_alt % len(alts)]
                     st.next_alt += 1
-                else:
-                    st.every = min(2 * st.every, self.probe_every_max)
-                    st.left = st.every
-            elif st.cur < self.counts[0] and self._cores_went_idle():
-                alt = self.counts[0]  # the load is gone: try the configured count now, not in a hundred decodes
-            if alt is not None:
-                st.probe, st.probe_left = alt, self.probe_len
-                st.times[alt].clear()  # judged on its own fresh times, not on those of another load
-        n = st.probe if st.probe is not None else st.cur
+                    st.probe, st.probe_left = alt, self.probe_len
+                    st.times[alt].clear()  # judged on its own fresh times, not on those of another load
+            n = st.probe if st.probe is not None else st.cur
         if n != self._applied:
             self.apply(n)
             self._applied = n
@@ -183,6 +227,8 @@ class ThreadTuner:
         if running is None:
             return
         st, n = running
+        if st.probe is None and n != st.cur:  # a capped decode: its time says more about the load than about n
+            return
         st.times[n].append(seconds)
         if st.probe is None:
             st.left -= 1
@@ -210,25 +256,9 @@ class ThreadTuner:
             st.every = self.probe_every
         st.left = st.every
 
-    def _idle_now(self, unknown: bool = True) -> bool:
-        """Whether the cores were idle for at least ``IDLE_SHARE`` since the last look (``unknown`` when there is
-        no meter or it could not read)."""
-        share = self.idle_share() if self.idle_share is not None else None
-        return unknown if share is None else share >= IDLE_SHARE
-
-    def _cores_went_idle(self) -> bool:
-        """Every ``IDLE_EVERY`` decodes: were the machine's cores idle for at least ``IDLE_SHARE`` of the time
-        since the last look (the OS's count, ``/proc/stat``)? Then fewer threads than configured no longer
-        share the cores with anyone."""
-        self._n_since_idle += 1
-        if self.idle_share is None or self._n_since_idle < IDLE_EVERY:
-            return False
-        self._n_since_idle = 0
-        return self._idle_now(unknown=False)
-
     def info(self) -> dict:
         """The choice and the median decode time (ms) of each count, per batch-size bucket."""
-        return {"n_probes": self.n_probes, "n_switches": self.n_switches,
+        return {"n_probes": self.n_probes, "n_switches": self.n_switches, "n_capped": self.n_capped,
                 "by_rows": {str(b): {"threads": st.cur,
                                      "ms": {str(c): round(statistics.median(v) * 1e3, 2) for c, v in st.times.items() if v}}
                             for b, st in sorted(self._buckets.items())}}
