@@ -614,43 +614,79 @@ def test_long_prompt_does_not_stall_streams_and_disconnect_mid_prompt(server, ht
 # in-process, with a scripted engine: keep-alive pings, an error before / after the first token
 # ---------------------------------------------------------------------------------------------------
 class _ScriptedRequest:
-    """What the server reads from an engine request; ``script`` items are texts, or ``"error"``."""
+    """What the server reads from an engine request (the ``ServedRequest`` of server/jobs.py); a thread plays
+    ``script`` (texts, or ``"error"``), one item per ``delay`` seconds."""
 
     def __init__(self, script, delay):
+        import threading
+        from collections import deque
+
+        from llamaspec.options import RequestOptions
         from llamaspec.slot import GenerationStats
 
         self.script, self.delay = script, delay
-        self.id, self.slot, self.prompt_tokens, self.n_predict, self.stop = 1, None, [1, 2], -1, ()
+        self.id, self.slot, self.prompt_tokens, self.options = 1, None, [1, 2], RequestOptions()
         self.tokens, self._text, self.finish_reason, self.error = [], [], None, None
         self.stats = GenerationStats(n_prompt=2)
         self.cancelled = False
+        self._chunks, self._callbacks, self._lock = deque(), [], threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        threading.Thread(target=self._play, daemon=True).start()
+
+    def _play(self):
+        from types import SimpleNamespace
+
+        from llamaspec.slot import FinishReason
+
+        reason = FinishReason.STOP
+        for item in self.script:
+            time.sleep(self.delay)
+            if self.cancelled:
+                reason = FinishReason.ABORT
+                break
+            if item == "error":
+                reason, self.error = FinishReason.ERROR, "decode failed (scripted)"
+                break
+            self.tokens.append(3)
+            self._text.append(item)
+            self.stats.n_predicted += 1
+            with self._changed:
+                self._chunks.append(SimpleNamespace(text=item, tokens=[3], finished=False, n_from_draft=0))
+                self._changed.notify_all()
+        with self._changed:
+            self.finish_reason = reason
+            callbacks, self._callbacks = self._callbacks, None
+            self._changed.notify_all()
+        for fn in callbacks:
+            fn(self)
 
     @property
     def done(self):
         return self.finish_reason is not None
 
     @property
+    def has_output(self):
+        return bool(self._chunks) or self.done
+
+    @property
     def text(self):
         return "".join(self._text)
 
+    def add_done_callback(self, fn):
+        with self._lock:
+            if self._callbacks is not None:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
     def chunks(self):
-        from types import SimpleNamespace
-
-        from llamaspec.slot import FinishReason
-
-        for item in self.script:
-            time.sleep(self.delay)
-            if self.cancelled:
-                self.finish_reason = FinishReason.ABORT
-                return
-            if item == "error":
-                self.finish_reason, self.error = FinishReason.ERROR, "decode failed (scripted)"
-                return
-            self.tokens.append(3)
-            self._text.append(item)
-            self.stats.n_predicted += 1
-            yield SimpleNamespace(text=item, tokens=[3], finished=False, n_from_draft=0)
-        self.finish_reason = FinishReason.STOP
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._chunks or self.done)
+                if not self._chunks:
+                    return
+                ch = self._chunks.popleft()
+            yield ch
 
     def cancel(self):
         self.cancelled = True

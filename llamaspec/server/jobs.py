@@ -17,7 +17,7 @@ import logging
 import threading
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 import anyio
 
@@ -29,6 +29,28 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..request import Request
 
 log = logging.getLogger("llamaspec.server")
+
+
+class ServedRequest(Protocol):
+    """What the server reads of an engine request (:class:`llamaspec.request.Request` is one; a test double
+    implements the same)."""
+
+    id: int
+    finish_reason: FinishReason | None
+    error: str | None
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def has_output(self) -> bool:
+        """Chunks are waiting to be read, or the request is done (reading one then does not block)."""
+
+    def chunks(self) -> Iterator[Chunk]: ...
+
+    def cancel(self) -> None: ...
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
 
 
 #: worker threads for tokenising, templating and submitting (per event loop)
@@ -105,13 +127,8 @@ class JobGroup:
             self._dispatcher.start()
         self._dispatcher.watch(self)
         for i, r in enumerate(self.reqs):
-            if self.tells_end(r):
+            if not self.stream:
                 r.add_done_callback(lambda _r, i=i: self.post_done(i))
-
-    def tells_end(self, req: "Request") -> bool:
-        """Whether ``req`` posts its own end to this group (a whole response's request that can: a test double
-        may not), so the dispatcher need not wake for it."""
-        return not self.stream and hasattr(req, "add_done_callback")
 
     def post_done(self, i: int) -> bool:
         """Post that request ``i`` is done, the first time only (any thread); False when the loop is gone."""
@@ -172,16 +189,11 @@ def _put_all(queue: "asyncio.Queue", items: list) -> None:
 
 
 class _Watch:
-    __slots__ = ("group", "i", "req", "it", "pollable", "told")
+    __slots__ = ("group", "i", "req", "it")
 
     def __init__(self, group: JobGroup, i: int, req: "Request"):
         self.group, self.i, self.req = group, i, req
         self.it: Iterator[Chunk] = iter(req.chunks())
-        #: a request that says when it has output is never waited on (a test double may not say)
-        self.pollable = hasattr(req, "has_output")
-        #: a whole response's request tells its group itself when it is done (JobGroup.open): its end does not
-        #: wake this thread, which only drops the watch (and asks for a heap trim) on its next turn
-        self.told = group.tells_end(req)
 
 
 class Dispatcher:
@@ -237,8 +249,9 @@ class Dispatcher:
     def has_output(self) -> bool:
         """What ``Engine.wait`` waits for: a watched stream has output, a watched request of a whole response
         is done, or there is news for this thread (evaluated by the engine thread after each step)."""
-        return self._wake.is_set() or any(not w.pollable or (w.req.has_output if w.group.stream else w.req.done and
-                                                             not w.told) for w in self._watched)
+        # (a whole response's request tells its group itself when it is done, JobGroup.open: its end does not
+        # wake this thread, which only drops the watch, and asks for a heap trim, on its next turn)
+        return self._wake.is_set() or any(w.group.stream and w.req.has_output for w in self._watched)
 
     def _run(self) -> None:
         while True:
@@ -284,7 +297,7 @@ class Dispatcher:
             finished = False
             items: list[tuple[int, Chunk | None]] = []
             try:
-                while not w.pollable or w.req.has_output:
+                while w.req.has_output:
                     ch = next(w.it, None)
                     if ch is None:
                         finished = True
@@ -292,9 +305,6 @@ class Dispatcher:
                     moved = True
                     if w.group.stream:
                         items.append((w.i, ch))
-                        if not w.pollable and not w.group.post_many(items):  # it blocks between chunks: at once
-                            break
-                        items = [] if not w.pollable else items
                 if not w.group.post_many(items):
                     w.group.closed = True
                     w.req.cancel()
