@@ -5,7 +5,7 @@ returns a non-empty draft for a sequence wins it for this round; lower-priority 
 that sequence. ``accept()`` credits the drafter that produced the sequence's last draft (``impl_last``) and
 tells every other drafter with ``is_other=True``.
 
-This module is the relay only; the drafters are built by :mod:`llamaspec.drafters.registry`.
+This module is the relay only; the drafters are built by :mod:`llamaspec.chain_registry`.
 """
 from __future__ import annotations
 

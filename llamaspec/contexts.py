@@ -24,7 +24,7 @@ from typing import Sequence
 from . import _llama as llama
 from .chain import Chain
 from .adaptive import CostModel
-from .drafters.registry import build_chain
+from .chain_registry import build_chain
 from .drafters.base import Drafter
 from ._llama.model import _is_int, check_offload
 from .errors import UsageError
