@@ -17,10 +17,6 @@ _LAZY = {
     "SpecParams": ("llamaspec.params", "SpecParams"),
     "Model": ("llamaspec._llama", "Model"),
     "DEFAULT_SEED": ("llamaspec._llama", "DEFAULT_SEED"),
-    # what the command line (llamaspec.cli) checks and writes before and after a run
-    "check_device_params": ("llamaspec.contexts", "check_device_params"),
-    "parse_rpc_servers": ("llamaspec._llama.rpc", "parse_servers"),
-    "write_atomic": ("llamaspec._io", "write_atomic"),
     # llama-cpp-python compatibility (llamaspec.compat): its Llama over the engine, and a draft model for its hook
     "Llama": ("llamaspec.compat.llama", "Llama"),
     "DraftModel": ("llamaspec.compat.draft", "DraftModel"),
@@ -38,4 +34,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["DEFAULT_SEED", "DraftModel", "Engine", "GenerationResult", "Llama", "LlamaSpecError", "Model",
-           "SamplingParams", "SpecParams", "__version__", "check_device_params", "parse_rpc_servers", "write_atomic"]
+           "SamplingParams", "SpecParams", "__version__"]
