@@ -1,4 +1,8 @@
-"""llamaspec: speculative decoding for llama.cpp, orchestrated in Python."""
+"""llamaspec: speculative decoding for llama.cpp, orchestrated in Python.
+
+Section numbers (§N) in the docstrings name parts of llama.cpp's behaviour: docs/architecture.md, "llama.cpp by
+section (§N)", says what each is and where it lives.
+"""
 from __future__ import annotations
 
 import logging as _logging

@@ -1,4 +1,4 @@
-"""The drafter registry and the chain's construction (llama.cpp's ``common_speculative_init``, spec §3.1).
+"""The drafter registry and the chain's construction (llama.cpp's ``common_speculative_init``, §3.1).
 
 :data:`FACTORIES` maps each speculative type to the constructor of its drafter; :func:`build_chain` builds
 the enabled drafters in priority order and hands them to the relay (:class:`llamaspec.chain.Chain`), or, for
