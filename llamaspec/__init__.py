@@ -1,4 +1,8 @@
-"""llamaspec: speculative decoding for llama.cpp, orchestrated in Python."""
+"""llamaspec: speculative decoding for llama.cpp, orchestrated in Python.
+
+Section numbers (§N) in the docstrings name parts of llama.cpp's behaviour: docs/architecture.md, "llama.cpp by
+section (§N)", says what each is and where it lives.
+"""
 from __future__ import annotations
 
 import logging as _logging
@@ -21,10 +25,6 @@ _LAZY = {
     "RequestOptions": ("llamaspec.options", "RequestOptions"),
     "RequestSpec": ("llamaspec.params", "RequestSpec"),
     "ProbsSpec": ("llamaspec.logprobs", "ProbsSpec"),
-    # what the command line (llamaspec.cli) checks and writes before and after a run
-    "check_device_params": ("llamaspec.contexts", "check_device_params"),
-    "parse_rpc_servers": ("llamaspec._llama.rpc", "parse_servers"),
-    "write_atomic": ("llamaspec._io", "write_atomic"),
     # llama-cpp-python compatibility (llamaspec.compat): its Llama over the engine, and a draft model for its hook
     "Llama": ("llamaspec.compat.llama", "Llama"),
     "DraftModel": ("llamaspec.compat.draft", "DraftModel"),
@@ -42,4 +42,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["DEFAULT_SEED", "DraftModel", "Engine", "GenerationResult", "Llama", "LlamaSpecError", "Model",
-           "ProbsSpec", "RequestOptions", "RequestSpec", "SamplingParams", "SpecParams", "__version__", "check_device_params", "parse_rpc_servers", "write_atomic"]
+           "ProbsSpec", "RequestOptions", "RequestSpec", "SamplingParams", "SpecParams", "__version__"]

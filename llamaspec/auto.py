@@ -386,7 +386,7 @@ class AutoChain(Chain):
 
 def build_auto_chain(ngram: NgramLookup, draft: Drafter | None, n_seq: int, *, cost: CostModel | None = None,
                      adaptive: bool = False) -> AutoChain:
-    """The chain of ``auto`` from its drafters (built by :mod:`llamaspec.drafters.registry`): ngram-lookup,
+    """The chain of ``auto`` from its drafters (built by :mod:`llamaspec.chain_registry`): ngram-lookup,
     then the draft model behind the gate when there is one (``adaptive``: its length chosen per slot);
     ``cost``: the engine's cost model."""
     return AutoChain(ngram, draft, n_seq, cost=cost, adaptive=adaptive)

@@ -1,11 +1,11 @@
-"""The chain of drafters (llama.cpp's ``common_speculative``, spec §3).
+"""The chain of drafters (llama.cpp's ``common_speculative``, §3).
 
-Drafters run in priority order (spec §3.1). ``draft()`` relays the ``drafting`` flag: the first drafter that
+Drafters run in priority order (§3.1). ``draft()`` relays the ``drafting`` flag: the first drafter that
 returns a non-empty draft for a sequence wins it for this round; lower-priority drafters are not asked for
 that sequence. ``accept()`` credits the drafter that produced the sequence's last draft (``impl_last``) and
 tells every other drafter with ``is_other=True``.
 
-This module is the relay only; the drafters are built by :mod:`llamaspec.drafters.registry`.
+This module is the relay only; the drafters are built by :mod:`llamaspec.chain_registry`.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class Chain:
         return True
 
     def draft(self, params: Sequence[DraftParams] | None = None) -> None:
-        """Relay of the drafting flag (spec §3.2) over ``params`` (default: the chain's own, by seq id)."""
+        """Relay of the drafting flag (§3.2) over ``params`` (default: the chain's own, by seq id)."""
         params = self.dparams if params is None else params
         drafting = [dp for dp in params if dp.drafting]
         for dp in drafting:

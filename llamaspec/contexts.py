@@ -1,4 +1,4 @@
-"""An Engine's native parts, built from its arguments (spec §7.1, start-up): models, target and draft
+"""An Engine's native parts, built from its arguments (§7.1, start-up): models, target and draft
 contexts with their output limits, the probed memory levels, the chain and the synthetic-acceptance rates.
 
 :func:`build_parts` does what llama-server does at start-up, in its order:
@@ -24,7 +24,7 @@ from typing import Sequence
 from . import _llama as llama
 from .chain import Chain
 from .adaptive import CostModel
-from .drafters.registry import build_chain
+from .chain_registry import build_chain
 from .drafters.base import Drafter
 from ._llama.model import _is_int, check_offload
 from .errors import UsageError
@@ -64,7 +64,7 @@ class EngineParts:
     ctx_dft: llama.Context | None = None
     dft_level: Level = Level.NO
     chain: Chain | None = None
-    #: synthetic acceptance: conditional acceptance probability per draft position (spec §2.3)
+    #: synthetic acceptance: conditional acceptance probability per draft position (§2.3)
     synth_cond: list[float] | None = None
     #: drafters keep what they decoded while drafting (``reuse_kv``, PART draft memories only)
     reuse_kv: bool = False
@@ -203,7 +203,7 @@ def build_parts(
             # llama.cpp: -td defaults to -t; the draft's batch threads (-tbd) default to the target's -tb
             common["n_threads"] = n_threads_draft or n_threads
             n_out_dft, n_out_dft_seq, other = n_parallel, 1, None
-            if parts.model_dft.arch in DRAFT_HEAD_ARCHS:  # EAGLE-3 / DFlash heads (spec §5.3)
+            if parts.model_dft.arch in DRAFT_HEAD_ARCHS:  # EAGLE-3 / DFlash heads (§5.3)
                 from .drafters.heads import check_head_pair, check_head_types
 
                 check_head_types(parts.model_dft, spec)

@@ -59,7 +59,7 @@ class StateError(LlamaSpecError):
 
 
 class VocabMismatchError(UsageError):
-    """Draft and target vocabularies are incompatible (spec §11)."""
+    """Draft and target vocabularies are incompatible (§11)."""
 
 
 class SamplerError(LlamaSpecError):

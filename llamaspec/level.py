@@ -1,4 +1,4 @@
-"""The rollback level of a context's memory (spec §6.1): core vocabulary of the engine and the rollback objects.
+"""The rollback level of a context's memory (§6.1): core vocabulary of the engine and the rollback objects.
 
 Numeric values as llama.cpp's ``common_context_seq_rm_type``:
 

@@ -1,4 +1,4 @@
-"""Rollback by memory level (spec §6, §7.2–§7.5, §9): one object per context owns every memory operation.
+"""Rollback by memory level (§6, §7.2–§7.5, §9): one object per context owns every memory operation.
 
 The level of each context is probed once at start-up (:func:`llamaspec.probe.can_seq_rm`). The engine then
 holds a :class:`TargetRollback` for the target context and a :class:`DraftRollback` for the draft context
@@ -20,8 +20,8 @@ after an error         ``recover``: memory == committed tokens?     ``recover``:
 The verbs take a sequence id, its committed length ``n_past`` and its :class:`Checkpoint`, and say what they
 did; they know nothing of slots, samplers or statistics (the round keeps the sampler with the checkpoint and
 counts checkpoints, restores and trims). Every ``seq_rm`` result is checked: a false return where the level
-promises success raises :class:`MemoryOpError` instead of silently keeping rejected tokens (design.md,
-"never ignore a bool"). Drafters that keep rows of their own in the draft context reach it through
+promises success raises :class:`MemoryOpError` instead of silently keeping rejected tokens (no
+boolean result of llama.cpp is ignored). Drafters that keep rows of their own in the draft context reach it through
 :class:`SeqMemory`, never directly.
 """
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Checkpoint:
 
 @dataclass
 class PromptCheckpoint:
-    """A slot's memory after all but the last token of its prompt (spec §7.6, llama-server's prompt
+    """A slot's memory after all but the last token of its prompt (§7.6, llama-server's prompt
     checkpoints): what a later request that shares the prefix ``tokens`` restores where trimming cannot
     give it back (FULL / RS memories, or a sliding-window cache whose window was pruned). ``data_spec`` is
     the chain's per-sequence state at that point (``chain.get_state``); empty data = nothing to load."""
@@ -96,8 +96,8 @@ class PromptCheckpoint:
 class SeqMemory:
     """Checked memory operations on one context, for the drafters that keep rows of their own in the draft
     context (draft-simple with ``reuse_kv``, EAGLE-3, MTP): the only way a drafter reaches memory. A refused
-    trim raises :class:`MemoryOpError` (design.md, "never ignore a bool"); a shared memory whose ``seq_rm`` is a
-    no-op that returns true (spec §6.2) passes."""
+    trim raises :class:`MemoryOpError` (no boolean result is ignored); a shared memory whose ``seq_rm`` is a
+    no-op that returns true (§6.2) passes."""
 
     def __init__(self, ctx: "llama.Context"):
         self.ctx = ctx
@@ -127,7 +127,7 @@ class Rollback:
         self.n_rs_seq = ctx.n_rs_seq if ctx is not None else 0
         self.n_swa = ctx.model.n_swa if ctx is not None else 0
 
-    # -- the prompt cache (spec §7.6) ----------------------------------------------------------------
+    # -- the prompt cache (§7.6) ----------------------------------------------------------------
     def prompt_checkpoint_pays(self, n_prompt: int) -> bool:
         """Whether a prompt of ``n_prompt`` tokens should leave a :class:`PromptCheckpoint`: always on FULL /
         RS memories (a prefix cannot be trimmed back), on a sliding-window cache only when the prompt is
@@ -189,7 +189,7 @@ class Rollback:
         """Load a :meth:`save_seq_file` file into ``seq_id``: (its token words, bytes read)."""
         return llama.seq_load_file(self.ctx, path, seq_id)
 
-    # -- the level's rules (spec §9) ----------------------------------------------------------------
+    # -- the level's rules (§9) ----------------------------------------------------------------
     def needs_checkpoint(self, n_draft: int) -> bool:
         """Whether verifying a draft of ``n_draft`` tokens needs a state checkpoint first."""
         if self.level is Level.FULL:
@@ -324,7 +324,7 @@ class TargetRollback(Rollback):
 
 class DraftRollback(Rollback):
     """The draft model's context. A FULL draft memory is saved before drafting and reloaded after it; where
-    llama.cpp aborts (a FULL draft with a trimming target, spec §7.5), it reloads and says from where the
+    llama.cpp aborts (a FULL draft with a trimming target, §7.5), it reloads and says from where the
     committed tokens must be decoded again (the drafter decodes them, in its own ids)."""
 
     def __init__(self, ctx: "llama.Context | None", level: Level, *, reuse_kv: bool = False):

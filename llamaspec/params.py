@@ -1,4 +1,4 @@
-"""Speculative-decoding parameters with llama.cpp's names and defaults (spec §1.1, §2.1).
+"""Speculative-decoding parameters with llama.cpp's names and defaults (§1.1, §2.1).
 
 >>> types_from_names("ngram-mod,draft-simple")
 ['ngram-mod', 'draft-simple']
@@ -58,7 +58,7 @@ TYPE_NAMES = {
 }
 NAME_TO_TYPE = {v: k for k, v in TYPE_NAMES.items()}
 
-#: chain priority order (spec §3.1), first = highest priority
+#: chain priority order (§3.1), first = highest priority
 PRIORITY = (
     SpecType.NGRAM_SIMPLE,
     SpecType.NGRAM_MAP_K,
@@ -77,7 +77,7 @@ RS_TYPES = {SpecType.DRAFT_EAGLE3, SpecType.DRAFT_MTP, SpecType.DRAFT_DFLASH, Sp
 
 
 def types_from_names(names: str | list[str]) -> list[str]:
-    """Parse a comma-separated list of type names (spec §1.1): unknown names are an error; ``none``
+    """Parse a comma-separated list of type names (§1.1): unknown names are an error; ``none``
     anywhere yields ``['none']``."""
     items = names.split(",") if isinstance(names, str) else list(names)
     out: list[str] = []
@@ -220,10 +220,10 @@ class SpecParams:
     ngram_lookup: NgramLookupParams = field(default_factory=NgramLookupParams)
     synth_len: float = -1.0
     synth_rates: list[float] = field(default_factory=list)
-    #: opt-in fixes of the n-gram QUIRKs of spec §4.7-§4.11 (default False: behave exactly like llama.cpp)
+    #: opt-in fixes of the n-gram QUIRKs of §4.7-§4.11 (default False: behave exactly like llama.cpp)
     ngram_fix_quirks: bool = False
     #: in a replay round tell the chain the accepted drafts without the replayed target token (default
-    #: False: llama.cpp's count, spec §7.5 step 6; the slot statistics are corrected either way)
+    #: False: llama.cpp's count, §7.5 step 6; the slot statistics are corrected either way)
     replay_accept_corrected: bool = False
     #: behave exactly like llama.cpp (parity runs and tests): no draft-KV reuse; default False = the
     #: fastest path that keeps greedy output equal to the target's
@@ -304,7 +304,7 @@ class SpecParams:
         return self.synth_len != -1.0 or bool(self.synth_rates)
 
     def need_n_rs_seq(self) -> int:
-        """Target ``n_rs_seq`` the chain needs (spec §2.1): only EAGLE-3 / MTP / DFlash / DSpark ask."""
+        """Target ``n_rs_seq`` the chain needs (§2.1): only EAGLE-3 / MTP / DFlash / DSpark ask."""
         return self.draft.n_max if any(t in RS_TYPES for t in self.enabled()) else 0
 
     def n_max_of_types(self) -> int:

@@ -1,4 +1,4 @@
-"""Capability probe: the memory level of a context (spec §6.1) and a "will speculation pay off" report.
+"""Capability probe: the memory level of a context (§6.1) and a "will speculation pay off" report.
 
 The levels themselves (:class:`~llamaspec.level.Level`) are defined in :mod:`llamaspec.level`.
 
@@ -24,7 +24,7 @@ VERIFY_SIZES = (1, 2, 4, 8, 16)
 
 
 def can_seq_rm(ctx: llama.Context) -> Level:
-    """The exact algorithm of llama.cpp's ``common_context_can_seq_rm`` (spec §6.1). Wipes memory."""
+    """The exact algorithm of llama.cpp's ``common_context_can_seq_rm`` (§6.1). Wipes memory."""
     mem = ctx.memory
     if mem is None:
         return Level.NO

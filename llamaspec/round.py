@@ -1,6 +1,6 @@
-"""One speculative round (spec §7.2-§7.5), step by step: :class:`Round`, composed by the Engine.
+"""One speculative round (§7.2-§7.5), step by step: :class:`Round`, composed by the Engine.
 
-It reads as the spec: §7.2 draft and §7.3 after the draft (:class:`~llamaspec.draft_phase.DraftPhase`), §7.4
+It reads as llama-server's round (docs/architecture.md, §N table): §7.2 draft and §7.3 after the draft (:class:`~llamaspec.draft_phase.DraftPhase`), §7.4
 batch layout and decode, §7.5 verify, restore or accept, commit, emit. How far each slot drafts is the budget's
 (:mod:`llamaspec.policy`); memory operations belong to the rollback objects (:mod:`llamaspec.memory`), which say
 what they did and leave the counting and the sampler to the round; verification rules to the request's verifier
@@ -387,7 +387,7 @@ class Round:
         """Statistics of one verified draft; returns how many emitted tokens came from a draft."""
         chain = self.chain
         if chain is not None and not self.replay_accept_corrected:
-            # llama.cpp's QUIRK (spec §7.5 step 6): the chain hears len(accepted)-1 even in a replay round
+            # llama.cpp's QUIRK (§7.5 step 6): the chain hears len(accepted)-1 even in a replay round
             chain.accept(s.seq_id, n_accepted)
         if is_replay and n_accepted > 0:
             n_accepted -= 1  # the last replayed token was the target's, not a draft's

@@ -1,4 +1,4 @@
-"""The target sampler with llama.cpp's ``common_sampler`` semantics (spec §8.1).
+"""The target sampler with llama.cpp's ``common_sampler`` semantics (§8.1).
 
 llama.cpp keeps the grammar **apart** from the sampler chain: it samples with the chain alone, checks the one
 token it picked against the grammar, and only when the grammar rejects it samples again with the grammar

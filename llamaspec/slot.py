@@ -50,7 +50,7 @@ class GenerationStats:
     t_prompt_s: float = 0.0
     t_decode_s: float = 0.0
     n_target_decodes: int = 0
-    # speculative decoding (llama.cpp server's per-slot counters, spec §3.4)
+    # speculative decoding (llama.cpp server's per-slot counters, §3.4)
     n_drafted: int = 0
     n_accepted: int = 0
     n_verif_steps: int = 0
@@ -233,7 +233,7 @@ class Slot:
         self.stats = GenerationStats()
         #: when the current phase (prompt, then generation) started (perf_counter)
         self.t_start = 0.0
-        # speculative state (spec §7.1)
+        # speculative state (§7.1)
         self.spec_draft: list[int] = []
         self.spec_probs: list[np.ndarray] | None = None
         self.spec_i_batch: list[int] = []

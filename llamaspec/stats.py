@@ -1,4 +1,4 @@
-"""Per-drafter counters and timers, and llama.cpp's statistics line (spec §3.4)."""
+"""Per-drafter counters and timers, and llama.cpp's statistics line (§3.4)."""
 from __future__ import annotations
 
 import time

@@ -1,4 +1,4 @@
-"""Who runs ``step()``: one thread at a time (design.md 12), the caller's or the engine thread.
+"""Who runs ``step()``: one thread at a time (native state is never touched by two threads at once), the caller's or the engine thread.
 
 :class:`Stepper` holds the step lock, the condition that wakes waiting consumers, and the optional background
 thread of a server. The Engine gives it its step function and asks it to run work now when no step is running

@@ -1,4 +1,4 @@
-"""Synthetic acceptance for benchmarks (spec §2.2, §2.3, §8.2).
+"""Synthetic acceptance for benchmarks (§2.2, §2.3, §8.2).
 
 With ``--spec-synth-len L`` or ``--spec-synth-rates P0,P1,...`` the target does not judge the draft:
 draft token ``i`` is kept with a fixed probability, drawn from a per-slot ``std::mt19937`` stream. The
@@ -45,7 +45,7 @@ SYNTH_LEN_UNSET = -1.0
 #: seed sentinel meaning "pick a random seed" (``LLAMA_DEFAULT_SEED``)
 RANDOM_SEED = 0xFFFFFFFF
 
-#: number of bisection steps of spec §2.3
+#: number of bisection steps of §2.3
 _BISECT_ITERS = 32
 
 # What strtod accepts as a whole string (leading white space allowed, nothing after the number):
@@ -89,7 +89,7 @@ def _parse_double(s: str) -> float | None:
 
 
 def parse_synth_len(s: str) -> float:
-    """Value of ``--spec-synth-len`` (spec §2.2): the whole string must be a number; ``-1`` is refused
+    """Value of ``--spec-synth-len`` (§2.2): the whole string must be a number; ``-1`` is refused
     (it is the "unset" sentinel). Range checks happen later, in :func:`resolve_synth_rates`.
 
     >>> parse_synth_len("2.5")
@@ -108,7 +108,7 @@ def parse_synth_len(s: str) -> float:
 
 
 def parse_synth_rates(s: str) -> list[float]:
-    """Value of ``--spec-synth-rates`` (spec §2.2): a comma-separated list; each item is stripped of
+    """Value of ``--spec-synth-rates`` (§2.2): a comma-separated list; each item is stripped of
     white space and must be a number as a whole. Range checks happen in :func:`resolve_synth_rates`.
 
     >>> parse_synth_rates("0.9, 0.7 ,0.5")
@@ -155,7 +155,7 @@ def _powers(p: float, n: int) -> list[float]:
 
 def resolve_synth_rates(synth_len: float | None, synth_rates: Sequence[float] | None, n_max: int) -> list[float] | None:
     """Absolute per-position acceptance rates ``[P(pos 0 accepted), P(pos 0 and 1 accepted), ...]``
-    (length ``n_max``), or None when neither flag is set (spec §2.3).
+    (length ``n_max``), or None when neither flag is set (§2.3).
 
     ``synth_len`` is the mean acceptance length L (``-1`` or None = unset); ``synth_rates`` the explicit
     rates ([] or None = unset); ``n_max`` the largest ``n_max`` of the initialised drafters.
@@ -231,7 +231,7 @@ def resolve_synth_rates(synth_len: float | None, synth_rates: Sequence[float] | 
 
 
 def conditional_probs(rates: Sequence[float]) -> list[float]:
-    """Per-position conditional acceptance probabilities the chain stores (spec §2.3 step 4):
+    """Per-position conditional acceptance probabilities the chain stores (§2.3 step 4):
     ``cond[i] = rates[i] / rates[i-1]`` with ``rates[-1] = 1``, and 0 where the previous rate is 0.
 
     >>> conditional_probs([0.9, 0.45, 0.0, 0.0])
@@ -317,7 +317,7 @@ def synth_accept(
     rng: Mt19937Uniform,
     is_replay: bool,
 ) -> list[int]:
-    """Synthetic verification of one round (spec §8.2). Returns the emitted tokens (1..d+1).
+    """Synthetic verification of one round (§8.2). Returns the emitted tokens (1..d+1).
 
     Callback contract (the engine's target sampler behind them):
 

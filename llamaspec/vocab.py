@@ -1,4 +1,4 @@
-"""Draft/target vocabulary compatibility, rule by rule (spec §11).
+"""Draft/target vocabulary compatibility, rule by rule (§11).
 
 llama.cpp only says "draft model vocab type must match target model to use speculation"; here every rule
 is evaluated and reported, so the user sees *which* rule failed.
@@ -37,7 +37,7 @@ class RuleResult:
 
 
 def check_vocab_compat(tgt: VocabInfo, dft: VocabInfo) -> list[RuleResult]:
-    """Evaluate the five rules of spec §11; compatible iff every result is ``ok``.
+    """Evaluate the five rules of §11; compatible iff every result is ``ok``.
 
     >>> class V:
     ...     def __init__(self, n, texts=None): self.type, self.n_tokens, self.bos, self.eos = 1, n, 1, 2; \

@@ -31,8 +31,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # tests/support: the RPC server processes (not shipped)
 
-from llamaspec.testing.rpc_servers import RpcServers, rpc_build  # noqa: E402 (no llama_cpp import)
+from support.rpc_servers import RpcServers, rpc_build  # noqa: E402 (no llama_cpp import)
 
 PROMPTS = [
     "def fibonacci(n):",

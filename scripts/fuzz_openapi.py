@@ -6,7 +6,7 @@
     python scripts/fuzz_openapi.py --url http://127.0.0.1:8080 --api-key K    # a server already running
 
 It starts ``llamaspec serve`` on 127.0.0.1 (tiny models with FIM tokens, a draft, 2 slots, an API key,
-``--metrics --props --slot-save-path``, small ``--max-*`` limits: llamaspec/testing/openapi_fuzz.py), loads
+``--metrics --props --slot-save-path``, small ``--max-*`` limits: tests/support/openapi_fuzz.py), loads
 the server's live ``/openapi.json`` and sends to every operation Schemathesis's coverage cases (boundary
 values, every wrong type, missing fields, unexpected methods; once) and then, pass after pass with a new seed
 until the time is up, ``-n`` Hypothesis cases per operation that fit its schema and ``-n`` that violate it,
@@ -30,8 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # tests/support: the fuzzer and the server process (not shipped)
 
-from llamaspec.testing.openapi_fuzz import KEY, Report, fuzz, server_args  # noqa: E402
+from support.openapi_fuzz import KEY, Report, fuzz, server_args  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = random.randrange(1 << 31) if args.seed is None else args.seed
     if args.url:
         return _fuzz(args, args.url.rstrip("/"), seed, None)
-    from llamaspec.testing.load_run import ServerProcess
+    from support.load_run import ServerProcess
 
     with tempfile.TemporaryDirectory(prefix="llamaspec-fuzz-") as d:
         srv = ServerProcess(server_args(Path(d)), Path(args.log), ready_timeout=300)

@@ -7,7 +7,7 @@
 
 The server runs with -np N slots and speculation on (a draft model, or an n-gram drafter with --spec ngram).
 ``-c`` clients each send, until ``-t`` seconds have passed, a mix drawn from ``--seed``
-(llamaspec/testing/load_mix.py): completions and chats, stream and not, greedy and sampled, of varied
+(tests/support/load_mix.py): completions and chats, stream and not, greedy and sampled, of varied
 lengths, some pinned to slot 0; and hostile requests: disconnects mid-stream and while the prompt waits or
 is processed, bodies cut half-way, prompts over the context / --max-prompt-chars / --max-body-size, invalid
 JSON, wrong types, huge numbers, huge n_probs / n / stop lists, pathological grammars and JSON schemas,
@@ -35,8 +35,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support: the load runner (not shipped)
 
-from llamaspec.testing.load_run import RunConfig, run, summary  # noqa: E402
+from support.load_run import RunConfig, run, summary  # noqa: E402
 
 #: as the tests: batched and single-row decoding agree closely (flash attention off, F32 KV cache)
 EXACT = ["-fa", "off", "-ctk", "f32", "-ctv", "f32"]
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the server's address-space limit, GB (a blow-up kills it, not the machine; 0: none)")
     ap.add_argument("--inject", default="", metavar="POINT=P,...",
                     help="inject native failures during the load: decode, mirror, drafter, state, admit with their "
-                         "probabilities, e.g. decode=0.002,drafter=0.005,admit=0.01 (llamaspec/testing/faults.py)")
+                         "probabilities, e.g. decode=0.002,drafter=0.005,admit=0.01 (tests/support/faults.py)")
     ap.add_argument("--json", default="load-faults.json", help="where the report goes (default load-faults.json)")
     ap.add_argument("--log", default="load-faults-server.log", help="the server's log (default load-faults-server.log)")
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""draft-dflash / draft-dspark (spec §4.5 / §4.6) on the tiny fixtures of llamaspec.testing.tiny_eagle: greedy
+"""draft-dflash / draft-dspark (spec §4.5 / §4.6) on the tiny fixtures of support.tiny_eagle: greedy
 speculative output equals plain decoding, drafts partly accepted, 1 and N slots, PART / FULL / RS targets, the
 n_max / n_min clamps, DSpark's confidence rule, clear errors for bad pairs."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from llamaspec.engine import Engine
 from llamaspec.errors import UsageError
 from llamaspec.params import SpecParams
-from llamaspec.testing import tiny_eagle as te
+from support import tiny_eagle as te
 
 from helpers import EXACT
 

@@ -1,4 +1,4 @@
-"""draft-eagle3 (spec §4.3) on the tiny fixtures of llamaspec.testing.tiny_eagle: greedy speculative output equals
+"""draft-eagle3 (spec §4.3) on the tiny fixtures of support.tiny_eagle: greedy speculative output equals
 plain decoding, drafts are partly accepted, 1 and N slots, PART / FULL / RS targets, clear errors for bad pairs."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from llamaspec.drafters.base import DraftParams
 from llamaspec.engine import Engine
 from llamaspec.errors import MemoryOpError, UsageError
 from llamaspec.params import SpecParams
-from llamaspec.testing import tiny_eagle as te
+from support import tiny_eagle as te
 
 from helpers import EXACT
 

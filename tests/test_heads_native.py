@@ -1,5 +1,5 @@
 """Parity of draft-eagle3 / draft-dflash / draft-dspark with native llama-server on the agreeing tiny fixtures
-(llamaspec.testing.tiny_eagle): same greedy tokens, same drafted / accepted counts (``timings.draft_n``,
+(support.tiny_eagle): same greedy tokens, same drafted / accepted counts (``timings.draft_n``,
 ``draft_n_accepted``). Skipped where scripts/build_llama_cpp.sh has not built native/bin/llama-server."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from llamaspec.engine import Engine
 from llamaspec.params import SpecParams
-from llamaspec.testing import tiny_eagle as te
+from support import tiny_eagle as te
 
 from helpers import EXACT, wait_for_native_server
 

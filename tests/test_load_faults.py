@@ -26,7 +26,7 @@ def test_load_and_faults_short_run(tmp_path):
         import load_faults
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    from llamaspec.testing.load_run import summary
+    from support.load_run import summary
 
     out = tmp_path / "report.json"
     # memory flatness is for the long run: a 10 s run is mostly warm-up

@@ -1,5 +1,5 @@
 """draft-mtp (spec §4.4) and the llama-ext bindings it needs (spec §12.2), on the agreeing tiny MTP fixtures
-of :mod:`llamaspec.testing.tiny_mtp` (qwen35 with one nextn layer: RS / FULL target; mimo2 with two: chained
+of :mod:`support.tiny_mtp` (qwen35 with one nextn layer: RS / FULL target; mimo2 with two: chained
 heads on a PART target)."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from llamaspec._llama import ext
 from llamaspec.engine import Engine
 from llamaspec.errors import UsageError
 from llamaspec.params import SpecParams
-from llamaspec.testing import tiny_mtp
+from support import tiny_mtp
 
 PROMPTS = ([1, 2, 3, 4], [9, 17, 33, 5, 40])
 N_PREDICT = 40

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from llamaspec.cli.main import main
 from llamaspec._llama import rpc
 from llamaspec.errors import RpcError, UsageError
-from llamaspec.testing.rpc_servers import REPO, RpcServers, child_env, free_port, rpc_build
+from support.rpc_servers import REPO, RpcServers, child_env, free_port, rpc_build
 
 RPC_LIB, RPC_SERVER, WHY_NO_RPC = rpc_build()
 needs_rpc = pytest.mark.skipif(bool(WHY_NO_RPC), reason=WHY_NO_RPC or "ok")

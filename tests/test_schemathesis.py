@@ -1,5 +1,5 @@
 """Schemathesis against a real ``llamaspec serve`` process on 127.0.0.1 (tiny models, a draft, 2 slots, an API
-key, every optional route on: llamaspec/testing/openapi_fuzz.py), driven by the server's own live
+key, every optional route on: tests/support/openapi_fuzz.py), driven by the server's own live
 ``/openapi.json``: every operation gets positive cases (bodies that fit its schema), negative ones (bodies,
 query and path parameters that violate it, raw bytes) and some of Schemathesis's coverage cases (boundary
 values, each wrong type, missing required fields, unexpected methods), each sent with random extra headers
@@ -20,8 +20,8 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
-from llamaspec.testing.load_run import ServerProcess  # noqa: E402
-from llamaspec.testing.openapi_fuzz import KEY, MODES, fuzz, server_args  # noqa: E402
+from support.load_run import ServerProcess  # noqa: E402
+from support.openapi_fuzz import KEY, MODES, fuzz, server_args  # noqa: E402
 
 #: per operation: Hypothesis cases in each of the positive and negative modes, and coverage cases
 EXAMPLES, COVERAGE = 3, 8

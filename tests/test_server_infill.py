@@ -1,7 +1,7 @@
 """``POST /infill`` (llama-server's fill-in-the-middle route): the prompt layout, speculative = plain greedy
 output, streams, the 400s and the 501 of a model without FIM tokens, ``--spm-infill``.
 
-The tiny models have no FIM tokens: :func:`llamaspec.testing.fim.with_fim_tokens` gives a copy of the tiny
+The tiny models have no FIM tokens: :func:`support.fim.with_fim_tokens` gives a copy of the tiny
 ``llama`` three of its ids as FIM prefix / suffix / middle (and two more as separator / repository). A real
 ``llamaspec serve`` process (draft-simple with the tiny draft, so every request drafts) answers the route;
 the layout, ``--spm-infill`` and the 501 are checked in process (Starlette's TestClient).
@@ -21,7 +21,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from llamaspec.engine import Engine  # noqa: E402
 from llamaspec.server.app import ServerConfig, ServerState, create_app  # noqa: E402
 from llamaspec.server.infill import fim_prompt  # noqa: E402
-from llamaspec.testing.fim import with_fim_tokens  # noqa: E402
+from support.fim import with_fim_tokens  # noqa: E402
 from llamaspec.testing.tiny_models import write_model  # noqa: E402
 
 from test_server import Server  # noqa: E402 - the real-process helper

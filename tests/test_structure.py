@@ -8,7 +8,13 @@
 - only the rollback module (``llamaspec/memory.py``) calls memory operations (``seq_rm``, ``seq_cp``,
   ``seq_keep``, state save / load) on a context; the probe, whose job is to try them on a scratch context
   at start-up, is the one exception;
-- the CLI lives inside the package: there is no top-level ``cli`` package.
+- the CLI lives inside the package: there is no top-level ``cli`` package;
+- the package ships what a user command needs: no dev tooling (fault injection, load runners, fuzzers, RPC
+  server processes, the tiny head fixtures: tests/support) and no import from tests/, scripts/ or benchmarks/;
+- drafters/ is a layer: nothing in it imports the chain, its registry or anything above them;
+- the public namespace holds what users call, not the CLI's helpers;
+- every document a module cites exists in the repository, and every section number (§N) is a row of
+  docs/architecture.md's "llama.cpp by section" table.
 """
 from __future__ import annotations
 
@@ -196,3 +202,106 @@ def test_python_dash_m_llamaspec_runs():
     r = subprocess.run([sys.executable, "-m", "llamaspec", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "generate" in r.stdout
+
+
+#: dev-only modules: they serve tests/ and scripts/ and live in tests/support (llamaspec.testing keeps the tiny
+#: models ``llamaspec bench --quick`` runs on: tiny_models, tiny_arch). llamaspec/bench/'s trace*, copy_set,
+#: pool_soak and server_variants stay: they back the documented ``bench --trace / --copy-set / --pool-soak /
+#: --server`` modes.
+DEV_ONLY = {"faults", "fim", "load_client", "load_mix", "load_run", "openapi_fuzz", "rpc_servers", "tiny_eagle",
+            "tiny_mtp"}
+#: top-level names of what does not ship: the package must never import them
+UNSHIPPED = {"tests", "support", "benchmarks", "scripts", "conftest", "helpers"}
+
+
+def test_no_dev_tooling_in_the_package():
+    found = sorted(n for n in MODULES if n.rpartition(".")[2] in DEV_ONLY)
+    assert not found, f"dev-only modules inside llamaspec/ (they belong in tests/support): {found}"
+
+
+def _absolute_imports(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+    return out
+
+
+def test_the_package_imports_nothing_that_does_not_ship():
+    hits = [f"{p.relative_to(ROOT)}:{line}: {mod}" for p in MODULES.values() for line, mod in _absolute_imports(p)
+            if mod.partition(".")[0] in UNSHIPPED]
+    assert not hits, "llamaspec imports from tests/, scripts/ or benchmarks/:\n" + "\n".join(hits)
+
+
+def test_the_wheel_ships_only_the_package():
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    from setuptools import find_packages
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    pkgs = find_packages(str(ROOT), include=find.get("include", ("*",)), exclude=find.get("exclude", ()))
+    assert "llamaspec" in pkgs and "llamaspec.testing" in pkgs
+    assert all(p == "llamaspec" or p.startswith("llamaspec.") for p in pkgs), pkgs
+
+
+def test_drafters_import_nothing_above_them():
+    above = ("llamaspec.chain", "llamaspec.auto", "llamaspec.chain_registry", "llamaspec.contexts", "llamaspec.engine",
+             "llamaspec.round", "llamaspec.draft_phase", "llamaspec.scheduler", "llamaspec.request", "llamaspec.slot",
+             "llamaspec.server", "llamaspec.compat", "llamaspec.cli", "llamaspec.bench", "llamaspec.testing")
+    graph = _graph()
+    hits = sorted(f"{m} -> {t}" for m in graph if m.startswith("llamaspec.drafters") for t in graph[m]
+                  if any(t == a or t.startswith(a + ".") for a in above))
+    assert not hits, "drafters/ imports upward: " + ", ".join(hits)
+
+
+def test_the_public_api_holds_no_cli_helpers():
+    import llamaspec
+
+    for name in ("check_device_params", "parse_rpc_servers", "write_atomic"):
+        assert name not in llamaspec.__all__ and not hasattr(llamaspec, name), name
+    for name in llamaspec.__all__:
+        assert getattr(llamaspec, name) is not None, name
+
+
+#: documents named in llamaspec/: a path (docs/limits.md) or a file name; an address (https://...) is elsewhere
+_DOC_REF = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)*[\w-]+\.md)\b")
+#: modules whose docstrings another branch rewrites (issue 34's request options); drop once merged
+_PENDING_DOC_REFS = {"llamaspec/engine.py": {"design.md"}, "llamaspec/request.py": {"design.md"}}
+
+
+def _doc_refs(text: str) -> set[str]:
+    out = set()
+    for m in _DOC_REF.finditer(text):
+        word_start = max(text.rfind(c, 0, m.start()) for c in " \n\t(`'\"") + 1
+        if "://" not in text[word_start:m.start()]:
+            out.add(m.group(1))
+    return out
+
+
+def test_cited_documents_exist():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    names = {Path(f).name for f in tracked} | {p.name for p in ROOT.glob("**/*.md") if ".git" not in p.parts}
+    missing = []
+    for path in MODULES.values():
+        rel = str(path.relative_to(ROOT))
+        for ref in sorted(_doc_refs(path.read_text())):
+            ok = (ROOT / ref).is_file() if "/" in ref else ref in names
+            if not ok and ref not in _PENDING_DOC_REFS.get(rel, ()):
+                missing.append(f"{rel}: {ref}")
+    assert not missing, "documents cited but not in the repository:\n" + "\n".join(missing)
+
+
+def test_the_document_check_catches_a_missing_one():
+    assert _doc_refs("see docs/limits.md and design.md, not https://x.org/docs/speculative.md") == {
+        "docs/limits.md", "design.md"}
+
+
+def test_every_section_number_is_in_the_architecture_table():
+    rows = set(re.findall(r"^\| (§\d+(?:\.\d+)?) \|", (ROOT / "docs" / "architecture.md").read_text(), re.M))
+    cited = {}
+    for path in MODULES.values():
+        for sec in re.findall(r"§ ?(\d+(?:\.\d+)?)", path.read_text()):
+            cited.setdefault("§" + sec, str(path.relative_to(ROOT)))
+    missing = {s: f for s, f in cited.items() if s not in rows}
+    assert rows and not missing, f"section numbers cited without a row in docs/architecture.md: {missing}"

@@ -1,6 +1,6 @@
 """Contexts: batch decode with the output-row guard, logits, sequence state and memory operations.
 
-Why the checks matter (spec §5.2): a decode whose output rows exceed the context's ``n_outputs_max``
+Why the checks matter (§5.2): a decode whose output rows exceed the context's ``n_outputs_max``
 makes llama.cpp call ``GGML_ASSERT`` and abort the whole Python process. :meth:`Context.decode` counts
 output rows first and raises :class:`OutputLimitError` instead. Every call on a closed context raises
 :class:`LlamaSpecError` instead of handing a NULL pointer to C.
@@ -105,7 +105,7 @@ def default_threads() -> int:
 class Context(_Owned):
     """A llama.cpp context with decode through ``llama_batch_ext`` + ``llama_process``.
 
-    ``decode(rows)`` validates the batch (capacity, output-row limit of spec §5.2, sequence ids) before
+    ``decode(rows)`` validates the batch (capacity, output-row limit of §5.2, sequence ids) before
     handing it to llama.cpp, so that no call can hit a native abort.
     """
 
@@ -150,11 +150,11 @@ class Context(_Owned):
             cp.ctx_other = ctx_other.live_ptr()
         self._ctx_other = ctx_other
         # n_seq_max rows are reserved on every decode: a context whose n_outputs_max is below that
-        # aborts inside llama_init_from_model already (spec §5.2), so refuse it here
+        # aborts inside llama_init_from_model already (§5.2), so refuse it here
         eff_out = p.n_batch if (p.n_outputs_max == 0 or model.has_encoder) else p.n_outputs_max
         if p.n_seq_max > eff_out:
             raise ContextError(
-                f"n_seq_max={p.n_seq_max} exceeds n_outputs_max={eff_out}: llama.cpp would abort (spec §5.2); "
+                f"n_seq_max={p.n_seq_max} exceeds n_outputs_max={eff_out}: llama.cpp would abort (docs/architecture.md §5.2); "
                 "raise n_outputs_max (see output_limits())"
             )
         model_ptr = model.live_ptr()
@@ -185,7 +185,7 @@ class Context(_Owned):
         self.n_rs_seq: int = int(native.llama_n_rs_seq(ptr))
         self.n_vocab: int = model.vocab.n_tokens
         self._row_t = ctypes.c_float * self.n_vocab  # one row of logits (``logits``)
-        # effective output limits, computed exactly as llama-context.cpp does (spec §5.2)
+        # effective output limits, computed exactly as llama-context.cpp does (§5.2)
         if p.n_outputs_max == 0 or model.has_encoder:
             self.n_outputs_max = self.n_batch
         else:
@@ -215,7 +215,7 @@ class Context(_Owned):
             raise OutputLimitError(
                 f"batch asks for {n_outputs} output rows (reserving {need}), but this context allows "
                 f"n_outputs_max={self.n_outputs_max}; llama.cpp would abort the process. Size the context "
-                "with output_limits() (spec §5.1)"
+                "with output_limits() (§5.1)"
             )
 
     def _check_size(self, n: int) -> None:
@@ -432,7 +432,7 @@ class Context(_Owned):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Output limits (spec §5.1)
+# Output limits (§5.1)
 # ---------------------------------------------------------------------------------------------------
 
 

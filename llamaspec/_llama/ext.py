@@ -1,4 +1,4 @@
-"""The ``llama-ext.h`` functions the same-trunk draft heads need (MTP, EAGLE-3, DFlash/DSpark), spec §12.2.
+"""The ``llama-ext.h`` functions the same-trunk draft heads need (MTP, EAGLE-3, DFlash/DSpark), §12.2.
 
 ``llama-ext.h`` is llama.cpp's staging header: its functions have C++ linkage, so a shared build exports them
 under mangled names. Each one is bound on llama-cpp-python's library handle by the first name that exists:

@@ -1,4 +1,4 @@
-"""Staging (non-C, ``llama-ext.h``) symbols of libllama, bound by exported name (spec §12.2).
+"""Staging (non-C, ``llama-ext.h``) symbols of libllama, bound by exported name (§12.2).
 
 llama-cpp-python has no bindings for them; each is looked up lazily (plain C name first, then the
 Itanium / MSVC mangled C++ names) and feature-detected: ``staging.available(name)`` says whether the

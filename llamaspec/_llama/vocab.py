@@ -139,7 +139,7 @@ class Vocab:
         return special, plain
 
     def get_text(self, token: int) -> bytes:
-        """Raw vocabulary text of a token (what spec §11 compares byte for byte)."""
+        """Raw vocabulary text of a token (what §11 compares byte for byte)."""
         t = native.llama_vocab_get_text(self.ptr, token)
         return t if t is not None else b""
 

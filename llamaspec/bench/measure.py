@@ -52,7 +52,7 @@ def file_type(path: str) -> str | None:
 
 def measure_costs(target: llama.Model, draft: llama.Model | None, threads: int, *, threads_batch: int | None = None,
                   threads_draft: int | None = None, draft_trimmed: str | None = None) -> dict:
-    """Target verify-cost curve and draft/target cost ratio (spec §6 probe; ms of one decode with logits);
+    """Target verify-cost curve and draft/target cost ratio (§6 probe; ms of one decode with logits);
     with ``draft_trimmed`` (the trimmed copy the ``default`` modes draft with) its cost ratio too."""
     from ..probe import measure_verify_curve, recommend_draft_length
 

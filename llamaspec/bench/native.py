@@ -114,7 +114,7 @@ def draft_device_args(s: NativeSettings) -> list[str]:
 
 
 def spec_args(mode: Mode, spec: SpecParams, draft: str | None) -> list[str]:
-    """Speculative flags for ``mode`` with ``spec``'s settings (spec §2.2 names).
+    """Speculative flags for ``mode`` with ``spec``'s settings (§2.2 names).
 
     >>> from llamaspec.bench.modes import parse_mode
     >>> spec_args(parse_mode("plain"), SpecParams(), None)

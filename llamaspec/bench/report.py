@@ -262,7 +262,7 @@ def render_markdown(report: dict) -> str:
                               "other token", "repeats"], rows))
         out.append("\nA near-tie is a divergence where both candidate tokens are within the tolerance "
                    f"({report['settings']['near_tie_tol']}) of the top logit when the shared prefix is teacher-forced "
-                   "(batched and single-token decoding differ slightly: testing-notes §1).\n")
+                   "(batched and single-token decoding give slightly different logits).\n")
     if eq.get("stats_parity"):
         out.append("### Drafted / accepted / steps where the token streams are identical\n")
         rows = [[p["mode"], p["prompt_id"], f"{p['native_engine']} ({p['native_tool']})", "/".join(map(str, p["llamaspec"])),

@@ -17,7 +17,8 @@ servers).
 ``ls-plain`` (``llamaspec serve --spec-type none``), ``ls-defaults`` (its defaults without a draft model:
 ``auto``, the request's own n-grams plus the shared pool), ``ls-nopool`` (the same, ``--spec-pool-tokens 0``),
 ``native-plain`` (llama-server without speculation), ``native-spec-default`` (``--spec-default``) and
-``native-ngram-mod`` (``--spec-type ngram-mod`` at the sample settings of llama.cpp's docs/speculative.md,
+``native-ngram-mod`` (``--spec-type ngram-mod`` at the sample settings of llama.cpp's speculative-decoding docs,
+https://github.com/ggml-org/llama.cpp/blob/master/docs/speculative.md,
 n_match 24, n_min 48, n_max 64 -- the values ``--spec-default`` sets too, so these two rows are one setting
 measured twice); ``native-ngram-mod:M:MIN:MAX`` sets other values (the docs suggest lower n_min / n_max for
 dense models). Native variants are skipped when the binary is missing.
@@ -42,7 +43,7 @@ from .trace_sessions import FREE, SCALE, TRACES, Step, chat, requests_per_trace
 
 __all__ = ["VARIANTS", "DEFAULT_VARIANTS", "TraceConfig", "TraceVariant", "parse_variants", "plan", "run_traces"]
 
-#: llama.cpp docs/speculative.md, "n-gram Mod", sample usage
+#: llama.cpp's speculative-decoding docs (module docstring), "n-gram Mod", sample usage
 NGRAM_MOD_DOC = (24, 48, 64)
 
 
@@ -65,7 +66,7 @@ VARIANTS: dict[str, TraceVariant] = {v.key: v for v in (
     TraceVariant("ls-nopool", "llamaspec", "llamaspec serve defaults, --spec-pool-tokens 0", ("--spec-pool-tokens", "0")),
     TraceVariant("native-plain", "native", "llama-server", ()),
     TraceVariant("native-spec-default", "native", "llama-server --spec-default", ("--spec-default",)),
-    TraceVariant("native-ngram-mod", "native", "llama-server --spec-type ngram-mod 24/48/64 (docs/speculative.md)",
+    TraceVariant("native-ngram-mod", "native", "llama-server --spec-type ngram-mod 24/48/64 (llama.cpp's sample settings)",
                  _ngram_mod_args(*NGRAM_MOD_DOC)),
 )}
 DEFAULT_VARIANTS = ("ls-plain", "ls-defaults", "native-plain", "native-spec-default", "native-ngram-mod")

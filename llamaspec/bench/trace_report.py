@@ -126,7 +126,7 @@ def render_markdown(report: dict) -> str:
             lines += [f"llamaspec's greedy outputs on this trace, every variant and repeat: "
                       f"{'all equal' if eq else 'not all equal'}"
                       + ("" if eq or cfg.get("exact") else " (without --exact, batched and single-token logits differ "
-                         "slightly: a near-tie may flip, testing-notes §1)") + ".", ""]
+                         "slightly: a near-tie may flip)") + ".", ""]
     lines += ["tok/s: generated tokens (`timings.predicted_n`, all requests of the trace) / wall time of the trace "
               "(prompt processing included), median over repeats; drafted / accepted: the servers' `timings`, summed "
               "over repeats. × plain: against `" + (rows[0]["plain"] if rows else "ls-plain") + "`; × llama-server best: "

@@ -93,7 +93,8 @@ def parse_tensor_split(v: str | None) -> list[float] | None:
 def pop_device_options(kw: dict) -> dict:
     """Take the device flags out of ``kw`` (the command's keyword arguments), parse and check them:
     :class:`~llamaspec.engine.Engine` keyword arguments (None = llama.cpp's default)."""
-    from llamaspec import check_device_params, parse_rpc_servers
+    from llamaspec._llama.rpc import parse_servers as parse_rpc_servers
+    from llamaspec.contexts import check_device_params
 
     raw = {k: kw.pop(k, None) for k in KEYS}
     out = {

@@ -219,7 +219,7 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
             if base is not None:
                 stats["baseline"] = base
         if stats_json:
-            from llamaspec import write_atomic
+            from llamaspec._io import write_atomic
 
             write_atomic(stats_json, json.dumps(stats, indent=2) + "\n")
         if not quiet:

@@ -1,4 +1,4 @@
-"""n-gram drafter flags with llama.cpp's names and ranges (spec §2.2)."""
+"""n-gram drafter flags with llama.cpp's names and ranges (§2.2)."""
 from __future__ import annotations
 
 import click

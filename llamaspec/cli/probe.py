@@ -121,7 +121,7 @@ def render(d: dict) -> None:
         con.print(ht)
     if "draft" in d:
         v = d["vocab"]
-        vt = Table(title=f"Vocabulary compatibility (spec §11): {'[green]compatible[/]' if v['compatible'] else '[red]incompatible[/]'}")
+        vt = Table(title=f"Vocabulary compatibility (llama.cpp's rules, docs/architecture.md §11): {'[green]compatible[/]' if v['compatible'] else '[red]incompatible[/]'}")
         vt.add_column("rule")
         vt.add_column("ok")
         vt.add_column("detail")

@@ -1,4 +1,4 @@
-"""Speculative-decoding flags with llama.cpp's names (spec §2.2), shared by generate / bench / serve."""
+"""Speculative-decoding flags with llama.cpp's names (§2.2), shared by generate / bench / serve."""
 from __future__ import annotations
 
 import click

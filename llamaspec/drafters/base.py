@@ -1,4 +1,4 @@
-"""The drafter protocol (spec §1.2–§1.3) shared by every implementation in the chain."""
+"""The drafter protocol (§1.2–§1.3) shared by every implementation in the chain."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass
 class DraftParams:
-    """Per-sequence draft request, owned by the chain (one per seq; spec §1.2).
+    """Per-sequence draft request, owned by the chain (one per seq; §1.2).
 
     ``prompt`` is the token history already in the target memory (it excludes ``id_last``, the last
     token sampled by the target and not yet decoded, which sits at position ``pos0``). ``result`` must be
@@ -45,7 +45,7 @@ class DraftParams:
 class Drafter:
     """The whole protocol the chain and the engine use; everything but ``draft`` has a no-op default.
 
-    llama.cpp's four calls (spec §1.3): ``begin`` once per request, ``process`` after every target decode,
+    llama.cpp's four calls (§1.3): ``begin`` once per request, ``process`` after every target decode,
     ``draft`` for every sequence with ``drafting`` set, ``accept`` after verification. Beyond llama.cpp:
 
     - ``configure_sampling(seq_id, temp, seed)``: at submit, the temperature drafts of ``seq_id`` should be
@@ -56,7 +56,7 @@ class Drafter:
       The engine sets it to False where the draft memory cannot be trimmed.
     - ``reset(seq_id)``: forget per-sequence caches after an error in the round (the engine has rolled
       memory back to the committed tokens) or when a request is cancelled.
-    - ``get_state / set_state``: per-sequence state saved with prompt checkpoints (spec §7.6).
+    - ``get_state / set_state``: per-sequence state saved with prompt checkpoints (§7.6).
 
     Subclasses set ``type`` (llama.cpp's type name, e.g. ``"ngram-mod"``) and ``n_max`` (the effective
     maximum draft length after implementation-specific clamping). The chain owns ``stats`` updates and

@@ -1,4 +1,4 @@
-"""``draft-dflash`` and ``draft-dspark``: block-diffusion drafts reading target layers (spec §4.5 / §4.6).
+"""``draft-dflash`` and ``draft-dspark``: block-diffusion drafts reading target layers (§4.5 / §4.6).
 
 One implementation; ``dspark`` selects DSpark (DFlash + a Markov head biasing the block's logits, and an
 optional confidence head).

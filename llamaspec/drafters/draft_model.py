@@ -1,4 +1,4 @@
-"""``draft-simple``: a standalone small language model as drafter (spec §4.2).
+"""``draft-simple``: a standalone small language model as drafter (§4.2).
 
 The draft context mirrors every target batch (``process``: same rows, output only on the last row), so its
 memory holds the same committed tokens as the target. ``draft`` decodes ``id_last`` of every drafting
@@ -7,7 +7,7 @@ of the draft distribution (llama.cpp's draft sampler is ``top_k(10) -> dist``, b
 the best candidate, never the random one). ``p`` of that token is the softmax over the 10 best logits; a
 draft stops before a token with ``p < p_min``.
 
-Beyond llama.cpp (for rejection-sampling verification, ``beyond-vendored.md`` §1): when a sequence is
+Beyond llama.cpp (for rejection-sampling verification, :func:`llamaspec.verify.rules.rejection_verify`): when a sequence is
 configured with a temperature > 0, the draft **samples** from ``top_k -> temperature`` with its own random
 stream (seed XOR 0x85ebca6b) and records that distribution (sparse ``(ids, probs)`` of its top-k candidates)
 per drafted token in ``DraftParams.probs``.
@@ -77,7 +77,7 @@ def _id_maps(model_tgt: llama.Model, model_dft: llama.Model) -> tuple[np.ndarray
 
 
 class MappedVocab:
-    """A trimmed draft's vocabulary seen in the target's id space, for the compatibility rules (spec §11):
+    """A trimmed draft's vocabulary seen in the target's id space, for the compatibility rules (§11):
     its size is the source vocabulary's, special ids are mapped back, and an id it does not keep reads as
     the target's own text (only kept tokens can differ)."""
 

@@ -1,4 +1,4 @@
-"""``draft-eagle3``: an EAGLE-3 head reading three target layers (spec §4.3).
+"""``draft-eagle3``: an EAGLE-3 head reading three target layers (§4.3).
 
 Convention: the head's decoder at position P consumes the pair (token at P+1, ``g_P``), where ``g_P`` is the
 encoder output (``fc``) of the target's hidden features at P (the inputs of the three ``target_layers``,
@@ -18,7 +18,7 @@ pending_pos, pending_g)``, then extend one token per step, feeding the draft's o
 logits (suppress tokens excluded); ``p_min`` stops a draft before a low-probability token; the length cap
 is the drafter's own ``n_max`` (the chain truncates to the request's cap), then ``n_min``.
 
-``get_state``/``set_state`` (prompt checkpoints, spec §7.6) carry ``pending_pos`` + ``pending_g`` and are
+``get_state``/``set_state`` (prompt checkpoints, §7.6) carry ``pending_pos`` + ``pending_g`` and are
 active only for recurrent / hybrid targets.
 
 Features: an id below the target's ``n_layer`` is that layer's input; an id equal to ``n_layer`` is the
@@ -46,7 +46,7 @@ from .draft_model import top_candidate
 
 log = logging.getLogger("llamaspec")
 
-#: target architectures whose graph exposes layer inputs (spec §12.1). This stays a list: enabling a layer input
+#: target architectures whose graph exposes layer inputs (§12.1). This stays a list: enabling a layer input
 #: the graph does not set makes llama.cpp abort ('layer input tensor is null'), so it cannot be probed
 LAYER_INP_ARCHS = frozenset({
     "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "muse-glimmer",
@@ -213,7 +213,7 @@ class Eagle3(Drafter):
         """``g`` rows of the draft encoder (fc) for ``feats``, in chunks of the draft's ``n_ubatch``.
 
         Every chunk goes on sequence 0 at placeholder positions from ``pos_max(seq 0) + 1``, whatever the
-        sequences of the rows: that is llama.cpp's own encode batch (spec §4.3), kept as is. The encoder
+        sequences of the rows: that is llama.cpp's own encode batch (§4.3), kept as is. The encoder
         (fc) has no memory and its output row ``i`` depends only on feature row ``i``, so neither the
         sequence nor the position of a row changes ``g``; ``process`` reads the rows back by batch index."""
         ctx = self.ctx_dft

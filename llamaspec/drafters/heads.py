@@ -1,7 +1,7 @@
 """Same-trunk draft heads given as ``-md`` files: which drafter a head GGUF selects, and which it can serve.
 
 :func:`infer_draft_type` reads only the GGUF header (no model load), as llama.cpp's auto-detection does
-(spec §1.1): a ``dflash`` architecture selects ``draft-dspark`` when it carries the Markov head
+(§1.1): a ``dflash`` architecture selects ``draft-dspark`` when it carries the Markov head
 (``markov_w1.weight``), else ``draft-dflash``; any other architecture with NextN blocks
 (``blk.{B-1}.nextn.eh_proj.weight``) selects ``draft-mtp``. Beyond llama.cpp (which finds EAGLE-3 heads
 only through Hugging Face sidecars), an ``eagle3`` architecture selects ``draft-eagle3``. Anything else is a

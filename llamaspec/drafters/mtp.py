@@ -1,4 +1,4 @@
-"""``draft-mtp``: multi-token-prediction (NextN) heads as drafter (spec §4.4).
+"""``draft-mtp``: multi-token-prediction (NextN) heads as drafter (§4.4).
 
 The head is a context of type ``LLAMA_CONTEXT_TYPE_MTP``, either on the **target model itself** (loaded with
 ``load_mtp``; no ``-md`` needed) or on a separate MTP GGUF. It reads the target's *nextn hidden state*: MTP
@@ -39,7 +39,7 @@ from .draft_model import top_candidate
 
 log = logging.getLogger("llamaspec")
 
-#: architectures with an MTP graph (``LLM_GRAPH_TYPE_DECODER_MTP``; spec §12.1)
+#: architectures with an MTP graph (``LLM_GRAPH_TYPE_DECODER_MTP``; §12.1)
 MTP_ARCHS = frozenset({
     "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4-moe", "glm5-next",
     "hy-v3", "mimo2", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35", "gemma4-assistant",
@@ -102,7 +102,7 @@ def gguf_is_mtp_head_only(path) -> bool:
 
 
 def gguf_is_mtp_draft(path) -> bool:
-    """llama.cpp's draft-type detection for a ``-md`` file (spec §1.1): an architecture other than dflash whose
+    """llama.cpp's draft-type detection for a ``-md`` file (§1.1): an architecture other than dflash whose
     last block (``<arch>.block_count - 1``) has ``nextn.eh_proj.weight``."""
     lay = _gguf_layout(path)
     if lay is None or lay[0] is None or lay[0] == "dflash":
@@ -154,7 +154,7 @@ class DraftMTP(Drafter):
         #: the MTP context's memory. Chained heads re-decode a sequence's rows under each head after trimming
         #: it (a KV cache always can: a refusal is a bug and raises MemoryOpError). A memory shared with the
         #: target (gemma4-assistant) is never trimmed here: its draft steps all sit at ``pos0``, and the
-        #: draft rollback's trims of it are no-ops that succeed (spec §6.2)
+        #: draft rollback's trims of it are no-ops that succeed (§6.2)
         self.mem = SeqMemory(ctx_dft)
 
     # -- protocol ---------------------------------------------------------------------------------
@@ -302,7 +302,7 @@ class DraftMTP(Drafter):
 
 
 def mtp_context(model: "llama.Model", ctx_tgt: llama.Context, n_parallel: int, common: dict) -> llama.Context:
-    """The draft context of draft-mtp (spec §5.3): type MTP on ``model`` (the target itself, or an MTP GGUF),
+    """The draft context of draft-mtp (§5.3): type MTP on ``model`` (the target itself, or an MTP GGUF),
     ``n_ctx`` of the target context, no recurrent snapshots, one output row per sequence, ``ctx_other`` = the
     target. :class:`UsageError` (one line, before any native call) when ``model`` cannot carry one."""
     why = mtp_support(model)

@@ -1,4 +1,4 @@
-"""``ngram-cache`` (spec §4.11): lookup decoding with three n-gram caches, and the cache file format.
+"""``ngram-cache`` (§4.11): lookup decoding with three n-gram caches, and the cache file format.
 
 A *cache* maps an n-gram key to token counts: ``{(t0, t1, t2, t3): {token: count}}``. Keys always have 4
 slots; an n-gram of size ``s < 4`` fills the first ``s`` slots and the rest are ``-1``. Three caches are used:

@@ -1,4 +1,4 @@
-"""``ngram-map-k`` and ``ngram-map-k4v`` (spec §4.8 / §4.9): per-sequence n-gram maps with key records.
+"""``ngram-map-k`` and ``ngram-map-k4v`` (§4.8 / §4.9): per-sequence n-gram maps with key records.
 
 Both types share one algorithm (:class:`NgramMap`); ``key_only`` (map-k) drafts whatever followed the matched
 key, map-k4v keeps up to four distinct m-token continuations ("values") per key with occurrence counts and

@@ -1,4 +1,4 @@
-"""``ngram-mod`` (spec §4.10): one shared hash table from an n-token window to the token that followed it.
+"""``ngram-mod`` (§4.10): one shared hash table from an n-token window to the token that followed it.
 
 The table has 4,194,304 int32 entries (16 MiB, ``-1`` = empty) and is shared by all sequences of one drafter
 instance. The index of a window ``x[0..n-1]`` is the 64-bit LCG
@@ -95,7 +95,7 @@ def mod_index_windows(arr: np.ndarray, lo: int, count: int, n: int, size: int = 
 
 class NgramMod(Drafter):
     """llama.cpp's ``ngram-mod``. ``fix_quirks`` is accepted for a uniform constructor and has no effect
-    (the spec marks no QUIRK here; collisions returning foreign tokens are the design)."""
+    (llama.cpp has no quirk to fix here; collisions returning foreign tokens are its design)."""
 
     type = "ngram-mod"
     #: table entries; a test may override it on a subclass to provoke collisions and resets cheaply

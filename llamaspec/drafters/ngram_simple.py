@@ -1,4 +1,4 @@
-"""``ngram-simple`` (spec §4.7): copy what followed the latest earlier occurrence of the last n tokens.
+"""``ngram-simple`` (§4.7): copy what followed the latest earlier occurrence of the last n tokens.
 
 Stateless. With ``n = size_n`` and ``m = size_m`` (``min_hits`` is unused), for a history ``prompt`` of
 length ``L`` and the pending token ``id_last``:

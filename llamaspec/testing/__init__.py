@@ -1,4 +1,6 @@
-"""Test support: deterministic tiny random-weight GGUF models (see :mod:`llamaspec.testing.tiny_models`)."""
+"""Deterministic tiny random-weight GGUF models (see :mod:`llamaspec.testing.tiny_models`): what
+``llamaspec bench --quick`` runs on, and what the tests load. The rest of the test tooling (fault injection,
+load runners, fuzzers, the tiny EAGLE-3 / DFlash / MTP fixtures) is in tests/support and does not ship."""
 from __future__ import annotations
 
 from typing import Any

@@ -2,7 +2,7 @@
 
 Every model is written with the ``gguf`` package from a seeded :class:`numpy.random.Generator`, so the
 same call always produces a byte-identical file (well under 1 MB, F32 weights). The kinds cover each
-memory level and drafter kind that llamaspec has to handle (levels as in the capability probe, spec §6):
+memory level and drafter kind that llamaspec has to handle (levels as in the capability probe, §6):
 
 =================  ========  ===================================================================
 kind               arch      what it is for

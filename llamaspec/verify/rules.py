@@ -2,12 +2,12 @@
 
 Three verifiers, each reached through small callbacks so it can be tested without a model:
 
-- :func:`sample_and_match` — llama.cpp's own rule (spec §8.1), the parity mode and the default.
-- :func:`rejection_verify` — stochastic speculative sampling for temperature > 0 (beyond-vendored §1):
+- :func:`sample_and_match` — llama.cpp's own rule (§8.1), the parity mode and the default.
+- :func:`rejection_verify` — stochastic speculative sampling for temperature > 0 (beyond llama.cpp):
   accept draft token ``x`` with probability ``min(1, p_tgt(x) / p_dft(x))``, else emit a *recovered* token
   drawn from ``norm(max(0, p_tgt - p_dft))``; a *bonus* token from ``p_tgt`` of row ``d`` when every
   draft token is accepted. Emitted tokens are distributed exactly as the target's own samples.
-- :func:`replay` — the round after a checkpoint restore (beyond-vendored §2): known tokens are
+- :func:`replay` — the round after a checkpoint restore (beyond llama.cpp): known tokens are
   re-accepted, only the last row is sampled.
 
 Rows: a verification round decodes ``[id_last] + draft`` (``d + 1`` rows, all with outputs). Row 0 is the
@@ -38,7 +38,7 @@ __all__ = ["VerifyResult", "sample_and_match", "replay", "rejection_verify", "sa
 
 
 def sample_and_match(sample_row: Callable[[int], int], is_eog: Callable[[int], bool], draft: Sequence[int]) -> list[int]:
-    """llama.cpp's verification (``common_sampler_sample_and_accept_n``, spec §8.1).
+    """llama.cpp's verification (``common_sampler_sample_and_accept_n``, §8.1).
 
     Callback contract:
 
@@ -74,7 +74,7 @@ def sample_and_match(sample_row: Callable[[int], int], is_eog: Callable[[int], b
 
 
 def replay(advance_row: Callable[[int, int], object], sample_row: Callable[[int], int], known: Sequence[int]) -> list[int]:
-    """The verification of a replay round (beyond-vendored §2, spec §7.5 step 4).
+    """The verification of a replay round (beyond llama.cpp; the restore is §7.5 step 4).
 
     After a partial acceptance forced a checkpoint restore, the next round decodes
     ``[id_last] + known`` again, where ``known`` is what the first pass emitted (the accepted draft
@@ -94,7 +94,7 @@ def replay(advance_row: Callable[[int, int], object], sample_row: Callable[[int]
     - ``sample_row(i)``: as in :func:`sample_and_match`: sample row ``i`` for real and accept the pick.
 
     Replay rounds are not new drafts: the engine must not count them as drafted/accepted again
-    (spec §7.5 step 6 subtracts the target's token from the accepted count).
+    (§7.5 step 6 subtracts the target's token from the accepted count).
 
     >>> log = []
     >>> replay(lambda i, t: log.append((i, t)), lambda i: 40 + i, [11, 12, 13])
@@ -212,7 +212,7 @@ def rejection_verify(
     accept: Callable[[int], object] | None = None,
     is_eog: Callable[[int], bool] | None = None,
 ) -> VerifyResult:
-    """Speculative (rejection) sampling of one round (beyond-vendored §1).
+    """Speculative (rejection) sampling of one round (beyond llama.cpp; the rule in the module docstring).
 
     Arguments:
 

@@ -2,7 +2,7 @@
 
 The engine picks a verifier once, when a request is submitted (:func:`verifier_for`), and then calls only
 ``verify(rows, draft, p_dft)`` (a new draft) or ``replay(rows, known)`` (the round after a checkpoint
-restore, beyond-vendored §2). ``rows`` are the indices of this slot's output rows in the decoded batch
+restore, :func:`.rules.replay`). ``rows`` are the indices of this slot's output rows in the decoded batch
 (``rows[0]`` is the row of ``id_last``). Both return the emitted tokens (1..d+1, the last one the target's).
 
 ============================  ===============================  =====================================
@@ -53,7 +53,7 @@ class Verifier:
 
 
 class MatchVerifier(Verifier):
-    """llama.cpp's ``common_sampler_sample_and_accept_n`` (spec §8.1); the default and the parity mode."""
+    """llama.cpp's ``common_sampler_sample_and_accept_n`` (§8.1); the default and the parity mode."""
 
     def verify(self, rows, draft, p_dft=None):
         sampler, ctx = self.sampler, self.ctx
@@ -73,7 +73,7 @@ class MatchVerifier(Verifier):
 
 
 class RejectionVerifier(MatchVerifier):
-    """Rejection sampling (beyond-vendored §1) with the request's own stream ``rejection_rng``. ``p_tgt`` of
+    """Rejection sampling (:func:`.rules.rejection_verify`) with the request's own stream ``rejection_rng``. ``p_tgt`` of
     each row comes from llama.cpp's samplers (penalties, grammar, top-k/p, min-p, temperature: exactly what
     sample-and-match draws from, :meth:`TargetSampler.probs`), computed lazily, row by row, after the
     previous token was accepted. A draft without ``p_dft`` (n-gram drafters, or a truncated sampled draft)
@@ -118,7 +118,7 @@ class RejectionVerifier(MatchVerifier):
 
 
 class SynthVerifier(Verifier):
-    """Synthetic acceptance (spec §8.2, benchmarks only): drafts are kept with the configured conditional
+    """Synthetic acceptance (§8.2, benchmarks only): drafts are kept with the configured conditional
     probabilities, drawn from the request's mt19937 stream ``synth_rng`` (seeded like the sampler)."""
 
     name = "synthetic"
@@ -130,7 +130,7 @@ class SynthVerifier(Verifier):
 
     def _run(self, rows, draft, is_replay: bool) -> list[int]:
         sampler, ctx = self.sampler, self.ctx
-        # synthetic tokens are accepted with generated=False: the grammar does not see them (spec §8.2)
+        # synthetic tokens are accepted with generated=False: the grammar does not see them (§8.2)
         return synth_accept(lambda i: sampler.sample_no_accept(ctx, rows[i]), self.is_eog, sampler.accept, draft,
                             self.cond, self.synth_rng, is_replay)
 

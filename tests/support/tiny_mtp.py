@@ -27,7 +27,7 @@ Kinds:
 * ``n_nextn=0`` / :func:`write_qwen35_mtp` (..., ``nextn=False``) gives a target without nextn layers (for
   the "incompatible target" errors).
 
-CLI: ``python -m llamaspec.testing.tiny_mtp OUTDIR`` writes ``qwen35-mtp.gguf`` and ``mimo2-mtp2.gguf`` and
+CLI: ``PYTHONPATH=tests python -m support.tiny_mtp OUTDIR`` writes ``qwen35-mtp.gguf`` and ``mimo2-mtp2.gguf`` and
 prints their agreement.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .tiny_arch import Dims, Vocab, _attn_kv, _base, _embeddings, _Model, _qwen35
+from llamaspec.testing.tiny_arch import Dims, Vocab, _attn_kv, _base, _embeddings, _Model, _qwen35
 
 __all__ = ["agreement", "greedy", "write_mimo2_mtp", "write_qwen35_mtp", "make_all", "KINDS"]
 
@@ -195,7 +195,7 @@ def make_all(directory: str | os.PathLike[str]) -> dict[str, Path]:
 
 def greedy(model, prompt: Sequence[int], n: int, *, n_ctx: int = 256) -> list[int]:
     """Plain greedy continuation of ``prompt`` by ``model`` (a loaded :class:`llamaspec._llama.Model`)."""
-    from .. import _llama as L
+    from llamaspec import _llama as L
 
     with L.Context(model, L.ContextParams(n_ctx=n_ctx, n_batch=64, n_seq_max=1, kv_f32=True, n_threads=1)) as ctx:
         ctx.decode_tokens(list(prompt), 0)
@@ -218,8 +218,8 @@ def agreement(path: str | os.PathLike[str], prompt: Sequence[int] = (1, 2, 3, 4)
     (offset ``k``) on the pairs (target nextn row ``i-1``, token ``i``) and compares its argmax with token
     ``i+1``. Returns ``{"n_distinct": distinct tokens in the greedy text, "heads": [share per head], "n": n}``.
     """
-    from .. import _llama as L
-    from .._llama import ext
+    from llamaspec import _llama as L
+    from llamaspec._llama import ext
 
     model = L.Model(path, load_mtp=True)
     try:
@@ -248,7 +248,7 @@ def agreement(path: str | os.PathLike[str], prompt: Sequence[int] = (1, 2, 3, 4)
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m llamaspec.testing.tiny_mtp OUTDIR", file=sys.stderr)
+        print("usage: python -m support.tiny_mtp OUTDIR", file=sys.stderr)
         return 2
     for kind, path in make_all(args[0]).items():
         print(f"{kind:12s} {path}  {agreement(path)}")

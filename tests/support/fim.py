@@ -6,7 +6,7 @@ llama-server does. :func:`with_fim_tokens` writes a copy whose metadata names ex
 ones (``tokenizer.ggml.fim_{pre,suf,mid,pad,rep,sep}_token_id``); the weights are copied byte for byte,
 so the model's output is meaningless as code completion but exactly what the prompt layout asks for.
 
-``python -m llamaspec.testing.fim SRC DEST`` writes SmolLM2's copy (its ``<issue_*>`` / ``<file_sep>`` /
+``PYTHONPATH=tests python -m support.fim SRC DEST`` writes SmolLM2's copy (its ``<issue_*>`` / ``<file_sep>`` /
 ``<repo_name>`` control tokens stand in for the FIM ones): the model for llama.cpp's own ``test_infill.py``
 (``SRVTEST_MODEL_INFILL``).
 """
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..models.gguf_io import T_UINT32, open_gguf, write_header
+from llamaspec.models.gguf_io import T_UINT32, open_gguf, write_header
 
 __all__ = ["with_fim_tokens", "SMOLLM2_FIM"]
 
@@ -60,7 +60,7 @@ def with_fim_tokens(src: str | os.PathLike[str], dest: str | os.PathLike[str], *
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llamaspec.testing.fim",
+    ap = argparse.ArgumentParser(prog="python -m support.fim",
                                  description="Copy a GGUF with FIM tokens in its metadata (default: SmolLM2's ids).")
     ap.add_argument("src")
     ap.add_argument("dest")

@@ -1,7 +1,7 @@
 """Seeded native-failure injection for load runs: ``llamaspec serve`` whose decodes, drafters, state loads and
 admissions fail now and then, while a flag file exists (``scripts/load_faults.py --inject``).
 
-    python -m llamaspec.testing.faults --inject decode=0.002,mirror=0.002,drafter=0.005,admit=0.01 \\
+    PYTHONPATH=tests python -m support.faults --inject decode=0.002,mirror=0.002,drafter=0.005,admit=0.01 \\
         --flag /tmp/on --seed 0 -- serve -m MODEL ...
 
 Each point raises the error llama.cpp's failure there becomes (``DecodeError``, a drafter's ``RuntimeError``,
@@ -48,11 +48,11 @@ def _wrap(owner, attr: str, point: str, hit: Callable[[str], bool], exc: Callabl
 
 
 def _points():
-    from ..chain import Chain
-    from ..errors import DecodeError, StateError
-    from .._llama.context import Context
-    from ..round import Round
-    from ..scheduler import Scheduler
+    from llamaspec.chain import Chain
+    from llamaspec.errors import DecodeError, StateError
+    from llamaspec._llama.context import Context
+    from llamaspec.round import Round
+    from llamaspec.scheduler import Scheduler
 
     return {"decode": (Round, "_decode", DecodeError), "mirror": (Chain, "process", DecodeError),
             "drafter": (Chain, "draft", RuntimeError), "state": (Context, "state_seq_set", StateError),
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- and the llamaspec command line (e.g. serve ...)")
     args = ap.parse_args(argv)
     install(parse_spec(args.inject), args.seed, args.flag)
-    from ..cli.main import main as cli
+    from llamaspec.cli.main import main as cli
 
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     sys.argv = ["llamaspec", *rest]

@@ -26,6 +26,9 @@ from .load_client import Result, execute, greedy_outcome, is_failure
 from .faults import MESSAGE as INJECTED
 from .load_mix import NEAR_TIE, WORDS, Call, MixContext, draw_call, greedy_pool
 
+#: the folder that holds this package (tests/): a launcher module runs from it
+SUPPORT_ROOT = Path(__file__).resolve().parents[1]
+
 __all__ = ["RunConfig", "ServerProcess", "run", "report"]
 
 HOST = "127.0.0.1"
@@ -48,7 +51,7 @@ class RunConfig:
     log: str = "load-faults-server.log"
     #: the server's address-space limit (RLIMIT_AS), GB: a memory blow-up kills the server, not the machine; 0: none
     memory_limit_gb: float = 16.0
-    #: native failures to inject during the load (llamaspec.testing.faults: "decode=0.002,drafter=0.005,...")
+    #: native failures to inject during the load (support.faults: "decode=0.002,drafter=0.005,...")
     inject: str = ""
 
 
@@ -57,7 +60,7 @@ class ServerProcess:
 
     def __init__(self, args: list[str], log: Path, ready_timeout: float = 300.0, memory_limit_gb: float = 0.0,
                  launcher: list[str] | None = None):
-        from ..bench.native import free_port
+        from llamaspec.bench.native import free_port
 
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
@@ -73,8 +76,10 @@ class ServerProcess:
             if limit > 0:
                 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-        self.proc = subprocess.Popen(self.cmd, stdout=self._fh, stderr=subprocess.STDOUT, preexec_fn=cap,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if launcher:  # a launcher module of this package (support.faults): its folder, tests/, on the child's path
+            env["PYTHONPATH"] = os.pathsep.join([str(SUPPORT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        self.proc = subprocess.Popen(self.cmd, stdout=self._fh, stderr=subprocess.STDOUT, preexec_fn=cap, env=env)
         deadline = time.monotonic() + ready_timeout
         while True:
             if self.proc.poll() is not None:
@@ -320,7 +325,7 @@ def run(cfg: RunConfig) -> dict:
             str(cfg.max_prompt_chars)]
     flag = Path(f"{cfg.log}.inject-on")
     flag.unlink(missing_ok=True)
-    launcher = ["llamaspec.testing.faults", "--inject", cfg.inject, "--seed", str(cfg.seed), "--flag", str(flag),
+    launcher = ["support.faults", "--inject", cfg.inject, "--seed", str(cfg.seed), "--flag", str(flag),
                 "--"] if cfg.inject else None
     srv = ServerProcess(args, Path(cfg.log), memory_limit_gb=cfg.memory_limit_gb, launcher=launcher)
     srv.inject_flag = flag if cfg.inject else None

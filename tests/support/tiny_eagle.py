@@ -33,7 +33,7 @@ it (``dflash.has_confidence_head = false``).
 
 API: :func:`write_target`, :func:`write_eagle3`, :func:`write_dflash`, :func:`write_dspark`,
 :func:`write_all` (``{name: path}``), :func:`cycle` (the target's ``g``); CLI:
-``python -m llamaspec.testing.tiny_eagle OUTDIR``.
+``PYTHONPATH=tests python -m support.tiny_eagle OUTDIR``.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .tiny_arch import Dims, Vocab, _base, _Model
+from llamaspec.testing.tiny_arch import Dims, Vocab, _base, _Model
 
 __all__ = ["EMBD", "VOCAB", "MASK", "cycle", "write_target", "write_target_lfm2", "write_eagle3", "write_dflash", "write_dspark",
            "write_all", "plain_continuation"]
@@ -325,7 +325,7 @@ def write_all(directory: str | os.PathLike[str]) -> dict[str, Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llamaspec.testing.tiny_eagle",
+    ap = argparse.ArgumentParser(prog="python -m support.tiny_eagle",
                                  description="Write the tiny target + EAGLE-3 / DFlash / DSpark head fixtures.")
     ap.add_argument("outdir")
     args = ap.parse_args(argv)

@@ -45,7 +45,7 @@ def server_args(d: Path) -> list[str]:
     a draft model, every optional route on (``--metrics``, ``--props``, ``--slot-save-path``), an API key and
     small limits (so that a fuzzed request stays cheap)."""
     from .fim import with_fim_tokens
-    from .tiny_models import write_model
+    from llamaspec.testing.tiny_models import write_model
 
     # FIM tokens (three of the tiny vocabulary's ids) so that /infill answers, not a 501
     target = with_fim_tokens(write_model("llama", d / "plain.gguf"), d / "llama.gguf", **FIM)

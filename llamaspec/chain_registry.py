@@ -1,4 +1,4 @@
-"""The drafter registry and the chain's construction (llama.cpp's ``common_speculative_init``, spec §3.1).
+"""The drafter registry and the chain's construction (llama.cpp's ``common_speculative_init``, §3.1).
 
 :data:`FACTORIES` maps each speculative type to the constructor of its drafter; :func:`build_chain` builds
 the enabled drafters in priority order and hands them to the relay (:class:`llamaspec.chain.Chain`), or, for
@@ -10,16 +10,16 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Callable
 
-from ..auto import build_auto_chain
-from ..chain import Chain
-from ..errors import UsageError
-from ..params import SpecParams, SpecType
-from .base import Drafter
+from .auto import build_auto_chain
+from .chain import Chain
+from .drafters.base import Drafter
+from .errors import UsageError
+from .params import SpecParams, SpecType
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .. import _llama as llama
-    from ..adaptive import CostModel
-    from .ngram_lookup import NgramLookup
+    from . import _llama as llama
+    from .adaptive import CostModel
+    from .drafters.ngram_lookup import NgramLookup
 
 __all__ = ["FACTORIES", "Factory", "build_chain"]
 
@@ -27,37 +27,37 @@ Factory = Callable[[SpecParams, int, "llama.Context", "llama.Context | None"], D
 
 
 def _ngram_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .ngram_simple import NgramSimple
+    from .drafters.ngram_simple import NgramSimple
 
     return NgramSimple(n_seq, p.ngram_simple, fix_quirks=p.ngram_fix_quirks)
 
 
 def _ngram_map_k(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .ngram_map import NgramMapK
+    from .drafters.ngram_map import NgramMapK
 
     return NgramMapK(n_seq, p.ngram_map_k, fix_quirks=p.ngram_fix_quirks)
 
 
 def _ngram_map_k4v(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .ngram_map import NgramMapK4V
+    from .drafters.ngram_map import NgramMapK4V
 
     return NgramMapK4V(n_seq, p.ngram_map_k4v, fix_quirks=p.ngram_fix_quirks)
 
 
 def _ngram_mod(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .ngram_mod import NgramMod
+    from .drafters.ngram_mod import NgramMod
 
     return NgramMod(n_seq, p.ngram_mod, fix_quirks=p.ngram_fix_quirks)
 
 
 def _ngram_cache(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .ngram_cache import NgramCache
+    from .drafters.ngram_cache import NgramCache
 
     return NgramCache(n_seq, p.ngram_cache, fix_quirks=p.ngram_fix_quirks)
 
 
 def _draft_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .draft_model import DraftSimple
+    from .drafters.draft_model import DraftSimple
 
     if ctx_dft is None:
         raise UsageError("draft-simple needs a draft model: pass --draft-model (-md) NAME|PATH")
@@ -65,8 +65,8 @@ def _draft_simple(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
 
 
 def _draft_mtp(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .. import _llama as llama
-    from .mtp import DraftMTP
+    from . import _llama as llama
+    from .drafters.mtp import DraftMTP
 
     if ctx_dft is None or ctx_dft.params.ctx_type != llama.CONTEXT_TYPE_MTP:
         raise UsageError("draft-mtp needs an MTP context on the target (a model with nextn layers, loaded with "
@@ -81,26 +81,26 @@ def _head_ctx(name: str, ctx_dft):
 
 
 def _draft_eagle3(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .eagle3 import Eagle3
+    from .drafters.eagle3 import Eagle3
 
     return Eagle3(n_seq, p.draft, ctx_tgt, _head_ctx("draft-eagle3", ctx_dft))
 
 
 def _draft_dflash(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .dflash import DFlash
+    from .drafters.dflash import DFlash
 
     return DFlash(n_seq, p.draft, ctx_tgt, _head_ctx("draft-dflash", ctx_dft))
 
 
 def _draft_dspark(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> Drafter:
-    from .dflash import DFlash
+    from .drafters.dflash import DFlash
 
     return DFlash(n_seq, p.draft, ctx_tgt, _head_ctx("draft-dspark", ctx_dft), dspark=True)
 
 
 def _ngram_lookup(p: SpecParams, n_seq: int, ctx_tgt, ctx_dft) -> "NgramLookup":
-    from ..adaptive import CostModel
-    from .ngram_lookup import NgramLookup
+    from .adaptive import CostModel
+    from .drafters.ngram_lookup import NgramLookup
 
     return NgramLookup(n_seq, p.ngram_lookup)
 
