@@ -1,4 +1,4 @@
-"""The engine: one loop for 1..N slots (design.md, "one loop"), plain and speculative.
+"""The engine: one loop for 1..N slots, plain and speculative.
 
 ``submit()`` returns a :class:`~llamaspec.request.Request` that owns its output; each slot is one sequence
 (``seq_id`` = slot id) of the target context and serves one request at a time. A slot goes through
@@ -6,7 +6,7 @@
 first token is sampled), ``GENERATING`` and ``DONE`` (the slot can serve the next queued request).
 
 :meth:`Engine.step` cancels and admits (:class:`~llamaspec.scheduler.Scheduler`), runs one round
-(:class:`~llamaspec.round.Round`, spec §7.2–§7.5: draft, checkpoint, one batched decode, verify, roll back, emit) and
+(:class:`~llamaspec.round.Round`, §7.2–§7.5: draft, checkpoint, one batched decode, verify, roll back, emit) and
 acts on its :class:`~llamaspec.round.RoundOutcome`: failed slots are released, finished ones retired, chunks delivered
 to their requests. Who owns what: :mod:`llamaspec.referee` whether speculating pays now, :mod:`llamaspec.policy` how
 far each slot drafts, :mod:`llamaspec.memory` every memory operation, :mod:`llamaspec.verify` the verification rules
@@ -111,7 +111,7 @@ class Engine:
         else:
             spec = copy.deepcopy(spec)
         if draft is not None and spec.types_are_default:
-            from .drafters.heads import infer_draft_type  # a head / MTP GGUF selects its drafter (spec §1.1)
+            from .drafters.heads import infer_draft_type  # a head / MTP GGUF selects its drafter (§1.1)
 
             spec.add_types(infer_draft_type(draft))
         if spec.draft.n_max < 0:

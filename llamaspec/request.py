@@ -1,11 +1,11 @@
-"""Requests: what :meth:`Engine.submit` returns. Each request owns its output (design.md 11).
+"""Requests: what :meth:`Engine.submit` returns. Each request owns its output.
 
 A :class:`Request` has an id, a state, its own queue of :class:`~llamaspec.slot.Chunk` objects, and once it
 is done a :class:`~llamaspec.slot.GenerationResult` (tokens, text, finish reason, statistics, and the error
 message when it failed). :meth:`Engine.step` delivers every chunk to the request that produced it; a request
 iterates over its own chunks only, so any number of requests can be consumed in any order, from any thread.
 
-Thread model (design.md 12): native state is touched by one thread at a time (an engine lock): inside
+Thread model: native state is touched by one thread at a time (an engine lock): inside
 :meth:`Engine.step`, and in ``submit()`` / ``cancel()``, which may be called from any thread: ``submit()``
 tokenises and builds the request's samplers itself, and both act at once when no step runs (admitting,
 freeing), else the next step does (llamaspec.stepper). A request reaches its engine only through the two methods of :class:`Driver`:

@@ -202,7 +202,7 @@ class Scheduler:
         """Keep the longest usable cached prefix of ``slot`` for ``req``; returns its length (0 = none).
 
         A prefix is kept by trimming where every memory allows it (:meth:`Rollback.keep_prefix`), else from
-        the slot's prompt checkpoint when the new prompt starts with its tokens (spec §7.6: the chain's
+        the slot's prompt checkpoint when the new prompt starts with its tokens (§7.6: the chain's
         per-sequence state comes back with it)."""
         cached = slot.cached
         n = min(common_prefix(cached, req.prompt_tokens), len(req.prompt_tokens) - 1)  # >= 1 token to decode

@@ -267,7 +267,6 @@ def test_the_public_api_holds_no_cli_helpers():
 #: documents named in llamaspec/: a path (docs/limits.md) or a file name; an address (https://...) is elsewhere
 _DOC_REF = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)*[\w-]+\.md)\b")
 #: modules whose docstrings another branch rewrites (issue 34's request options); drop once merged
-_PENDING_DOC_REFS = {"llamaspec/engine.py": {"design.md"}, "llamaspec/request.py": {"design.md"}}
 
 
 def _doc_refs(text: str) -> set[str]:
@@ -287,7 +286,7 @@ def test_cited_documents_exist():
         rel = str(path.relative_to(ROOT))
         for ref in sorted(_doc_refs(path.read_text())):
             ok = (ROOT / ref).is_file() if "/" in ref else ref in names
-            if not ok and ref not in _PENDING_DOC_REFS.get(rel, ()):
+            if not ok:
                 missing.append(f"{rel}: {ref}")
     assert not missing, "documents cited but not in the repository:\n" + "\n".join(missing)
 
