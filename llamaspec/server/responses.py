@@ -32,6 +32,7 @@ from . import cancel, formats
 from .errors import invalid
 from .respond import Renderer, dumps
 from .tools import ToolSpec, ToolStream, parse_output
+from .chat_format import ChatFormat, FenceStream
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..request import Request
@@ -249,13 +250,16 @@ class ResponsesRenderer(Renderer):
 
     openai = False  # the stream ends with response.completed, no [DONE]
 
-    def __init__(self, state: "ServerState", gen: "GenParams", model: str, tools: ToolSpec | None = None):
+    def __init__(self, state: "ServerState", gen: "GenParams", model: str, tools: ToolSpec | None = None,
+                 fmt: ChatFormat | None = None):
         self.state, self.gen, self.model = state, gen, model
         self.id = "resp_" + uuid.uuid4().hex  # OpenAI's (and llama-server's) prefixes: resp_, msg_
         self.msg_id = "msg_" + uuid.uuid4().hex
         self.created = formats.now()
-        self.tools = tools if tools is not None and tools.parse else None
+        self.tools = tools if tools is not None and tools.parse and fmt is None else None
         self._stream = ToolStream(self.tools) if self.tools is not None else None
+        #: a JSON schema on the Jinja path: the text is the JSON, a fence parsed away (server/chat_format.py)
+        self.fmt, self._fence = fmt, FenceStream() if fmt is not None else None
         self._begun = False
         self._msg_index: int | None = None  # the message item's output_index once its text began
         self._text = ""  # the message's text so far (a stream)
@@ -326,7 +330,9 @@ class ResponsesRenderer(Renderer):
         if not ch.text:
             return
         yield from self._begin()
-        evs = list(self._events(self._stream.feed(ch.text) if self._stream is not None else [("content", ch.text)]))
+        text = self._fence.feed(ch.text) if self._fence is not None else ch.text
+        evs = list(self._events(self._stream.feed(text) if self._stream is not None else
+                                [("content", text)] if text else []))
         if evs and self.gen.timings_per_token:
             evs[-1]["timings"] = self._timings(req.stats)
         yield from evs
@@ -345,6 +351,9 @@ class ResponsesRenderer(Renderer):
         yield from self._begin()
         if self._stream is not None:
             yield from self._events(self._stream.finish())
+        rest = self._fence.finish() if self._fence is not None else ""
+        if rest:
+            yield from self._text_events(rest)
         output = sorted(self._items, key=lambda x: x[0])
         if self._msg_index is not None:
             msg = self._message(self._text)
@@ -363,7 +372,8 @@ class ResponsesRenderer(Renderer):
 
     def whole(self, reqs):
         req = reqs[0]
-        text, calls = (parse_output(req.text, self.tools) if self.tools is not None else (req.text, []))
+        text = req.text if self.fmt is None else self.fmt.content(req.text)
+        text, calls = (parse_output(text, self.tools) if self.tools is not None else (text, []))
         output = ([self._message(text)] if text else []) + [_call_item(c) for c in calls]
         return {"completed_at": formats.now(), "created_at": self.created, "id": self.id, "model": self.model,
                 "object": "response", "output": output, "status": "completed", "usage": self._usage(req)}
