@@ -28,6 +28,7 @@ import uuid
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .. import _llama as llama
 from . import cancel, formats
 from .errors import invalid
 from .respond import Renderer, dumps
@@ -143,14 +144,38 @@ def _messages(items: list) -> list[dict]:
 
 
 def _response_format(fmt: Any) -> dict | None:
-    """``text.format`` of the Responses API as a chat ``response_format``."""
+    """``text.format`` of the Responses API as a chat ``response_format`` (llama-server drops it): ``{"type":
+    "json_schema", "name", "schema", "strict"}`` constrains the output with the schema's grammar (``strict`` or
+    not: a grammar is always strict), ``{"type": "json_object"}`` to any JSON object, ``{"type": "text"}`` not
+    at all; anything else a 400 naming the field.
+
+    >>> _response_format({"type": "json_schema", "name": "n", "schema": {"const": 1}, "strict": True})
+    {'type': 'json_schema', 'json_schema': {'name': 'n', 'schema': {'const': 1}}}
+    """
     if fmt is None:
         return None
     if not isinstance(fmt, dict):
-        raise invalid("Field 'text.format': expected an object such as {\"type\": \"json_schema\", \"schema\": {...}}")
-    if fmt.get("type") == "json_schema":
-        return {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
-    return fmt
+        raise invalid("Field 'text.format': expected an object such as {\"type\": \"json_schema\", \"name\": ..., "
+                      f"\"schema\": {{...}}}}, got {json.dumps(fmt)[:60]}")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise invalid(f"Field 'text.format.type': expected \"text\", \"json_object\" or \"json_schema\", got "
+                      f"{json.dumps(kind)[:60]}")
+    schema = fmt.get("schema")
+    if not isinstance(schema, dict):
+        raise invalid("Field 'text.format.schema': a \"json_schema\" format needs its JSON schema (an object), got "
+                      f"{json.dumps(schema)[:60]}")
+    if fmt.get("name") is not None and not isinstance(fmt["name"], str):
+        raise invalid(f"Field 'text.format.name': expected a string, got {json.dumps(fmt['name'])[:60]}")
+    try:  # the message names the field the client wrote (the chat path would name response_format's)
+        llama.json_schema_to_grammar(schema or {"type": "object"})
+    except ValueError as e:
+        raise invalid(f"Field 'text.format.schema': not a JSON schema llamaspec can follow: {e}") from None
+    return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": schema}}
 
 
 def _tools(raw: Any) -> list[dict]:
