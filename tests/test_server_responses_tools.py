@@ -177,3 +177,92 @@ def test_round_trip_with_the_function_output(oai, server):
     assert f"<tool_response>{call.call_id}: sunny, 21 C</tool_response>" in prompt
     assert f'"name": "{call.name}", "arguments": {call.arguments}' in prompt
     assert '"name": "get_time"' in prompt  # the tools went to the template
+
+
+# ---------------------------------------------------------------------------------------------------
+# text.format: structured output on /v1/responses (llama-server drops it; llamaspec constrains with it)
+# ---------------------------------------------------------------------------------------------------
+PLACE = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                          "population": {"type": "integer", "minimum": 0}},
+         "required": ["city", "population"], "additionalProperties": False}
+
+
+def test_text_format_becomes_the_chat_response_format():
+    fmt = {"type": "json_schema", "name": "place", "schema": PLACE, "strict": True}
+    assert to_chat({"input": ASK, "text": {"format": fmt}})["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "place", "schema": PLACE}}
+    assert to_chat({"input": ASK, "text": {"format": {"type": "json_object"}}})["response_format"] == {
+        "type": "json_object"}
+    for text in ({"format": {"type": "text"}}, {"verbosity": "low"}, {}):
+        assert "response_format" not in to_chat({"input": ASK, "text": text})
+
+
+@pytest.mark.parametrize("fmt,field", [
+    ("json", "Field 'text.format'"),
+    ({"type": "json_scheme", "schema": PLACE}, "Field 'text.format.type'"),
+    ({"schema": PLACE}, "Field 'text.format.type'"),
+    ({"type": "json_schema", "name": "x"}, "Field 'text.format.schema'"),
+    ({"type": "json_schema", "name": "x", "schema": "{}"}, "Field 'text.format.schema'"),
+    ({"type": "json_schema", "name": "x", "schema": {"type": "hiccup"}}, "Field 'text.format.schema'"),
+    ({"type": "json_schema", "name": 5, "schema": PLACE}, "Field 'text.format.name'"),
+])
+def test_bad_text_formats_are_400s_naming_the_field(fmt, field):
+    with pytest.raises(ApiError) as e:
+        to_chat({"input": ASK, "text": {"format": fmt}})
+    assert e.value.code == 400 and field in str(e.value), str(e.value)
+
+
+def _place_ok(text: str) -> dict:
+    jsonschema = pytest.importorskip("jsonschema")
+    value = json.loads(text)  # the JSON alone: the fence the Jinja grammar allows is parsed away
+    jsonschema.validate(value, PLACE)
+    return value
+
+
+def test_text_format_json_schema_constrains_the_output(oai):
+    fmt = {"type": "json_schema", "name": "place", "schema": PLACE, "strict": True}
+    r = oai.responses.create(model="smol", input="Name a big city and its population.", text={"format": fmt},
+                             max_output_tokens=64, temperature=0)
+    assert r.status == "completed" and [o.type for o in r.output] == ["message"]
+    whole = _place_ok(r.output_text)
+    events = list(oai.responses.create(model="smol", input="Name a big city and its population.",
+                                       text={"format": fmt}, max_output_tokens=64, temperature=0, stream=True))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == r.output_text and _place_ok(events[-1].response.output_text) == whole
+
+
+def test_responses_parse_with_a_pydantic_model(oai):
+    pydantic = pytest.importorskip("pydantic")
+
+    class Place(pydantic.BaseModel):
+        city: str
+        population: int
+
+    r = oai.responses.parse(model="smol", input="Name a big city and its population.", text_format=Place,
+                            max_output_tokens=64, temperature=0)
+    assert isinstance(r.output_parsed, Place) and r.output_parsed.city
+
+
+def test_text_format_json_object_and_text(oai):
+    r = oai.responses.create(model="smol", input="Describe Paris as JSON.", text={"format": {"type": "json_object"}},
+                             max_output_tokens=48, temperature=0)
+    if r.output[0].content[0].text and r.usage.output_tokens < 48:  # complete: one JSON object
+        assert isinstance(json.loads(r.output_text), dict)
+    plain = oai.responses.create(model="smol", input="Say hi.", text={"format": {"type": "text"}},
+                                 max_output_tokens=8, temperature=0)
+    assert plain.output_text == oai.responses.create(model="smol", input="Say hi.", max_output_tokens=8,
+                                                     temperature=0).output_text
+
+
+def test_a_bad_text_format_is_a_400_to_the_client(oai):
+    openai = pytest.importorskip("openai")
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model="smol", input=ASK, text={"format": {"type": "json_schema", "name": "x"}})
+    assert "text.format.schema" in str(e.value)
+
+
+def test_unknown_named_function_is_a_400_naming_it(oai):
+    openai = pytest.importorskip("openai")
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model="smol", input=ASK, tools=TOOLS, tool_choice={"type": "function", "name": "nope"})
+    assert '"nope"' in str(e.value) and "get_weather" in str(e.value)

@@ -367,6 +367,30 @@ def test_auto_parses_a_hermes_call_with_text_before_it_stream_and_not(server):
     assert any(d.get("logprobs") for d in deltas[:first_call])
 
 
+def test_named_function_grammar_is_that_tools_call_only(server):
+    """``tool_choice`` ``{"type": "function", "function": {"name"}}``: the grammar of that tool's call alone (its
+    name a constant, its parameters' schema), not of any other tool (llama-server reads the object as "auto")."""
+    c, _ = server
+    body = {"messages": ASK, "tools": TOOLS, "max_tokens": 48, "temperature": 0, "verbose": True}
+    named = c.post("/v1/chat/completions", json={**body, "tool_choice": {"type": "function",
+                                                                         "function": {"name": "get_weather"}}}).json()
+    grammar = named["__verbose"]["generation_settings"]["grammar"]
+    assert '"\\"get_weather\\""' in grammar and "get_time" not in grammar and "utc" not in grammar, grammar
+    calls = named["choices"][0]["message"]["tool_calls"]
+    assert [t["function"]["name"] for t in calls] == ["get_weather"]
+    required = c.post("/v1/chat/completions", json={**body, "tool_choice": "required"}).json()
+    assert "get_time" in required["__verbose"]["generation_settings"]["grammar"]
+
+
+def test_unknown_named_function_is_a_400_naming_it(oai):
+    openai = pytest.importorskip("openai")
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, max_tokens=4,
+                                    tool_choice={"type": "function", "function": {"name": "get_wether"}})
+    msg = str(e.value)
+    assert "tool_choice.function.name" in msg and '"get_wether"' in msg and "get_weather, get_time" in msg, msg
+
+
 def test_tools_need_jinja(server):  # last: its app's shutdown closes the shared engine
     from starlette.testclient import TestClient
 

@@ -36,7 +36,7 @@ from .context import (
     default_threads,
     output_limits,
 )
-from .json_schema import json_schema_to_grammar
+from .json_schema import chat_schema_grammar, json_schema_to_grammar
 from .kv_memory import Memory
 from .log import LLAMA_CPP_PYTHON_VERSION, backend_init, system_info
 from .model import TOKEN_NULL, Model, Vocab, render_builtin_chat_template, supports_gpu_offload
@@ -77,6 +77,7 @@ __all__ = [
     "chunks",
     "default_threads",
     "json_schema_to_grammar",
+    "chat_schema_grammar",
     "model_target_layer_ids",
     "output_limits",
     "render_builtin_chat_template",

@@ -21,24 +21,61 @@ from typing import Any
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from .grammar_limits import check_schema
-from .schema_grammar import json_schema_grammar
+from .schema_grammar import _Converter, json_schema_grammar, read_schema
 
-__all__ = ["json_schema_to_grammar"]
+__all__ = ["json_schema_to_grammar", "chat_schema_grammar"]
+
+#: the root of llama-server's Jinja chat grammar for a ``response_format`` / ``json_schema`` (the differential
+#: autoparser of common/chat-auto-parser-generator.cpp, a template without reasoning): the JSON, or the JSON
+#: in a Markdown ``json`` fence, whitespace around either
+CHAT_ROOT = 'space space ("```json" space response-format space "```" | space response-format space)'
+
+
+def chat_schema_grammar(schema: Any) -> str:
+    """The grammar llama-server's Jinja chat path builds for JSON schema ``schema``: its rules named under
+    ``response-format-schema``, then ``response-format`` and the :data:`CHAT_ROOT` that allows a fence.
+    llama-server's root starts with the generation prompt (``"<|im_start|>assistant\n" space ...``), which
+    its sampler feeds the grammar before the first token; this one starts where generation does. (Its other
+    difference: none of llama-server's unreachable ``json-*`` rules.) ValueError as :func:`json_schema_to_grammar`.
+
+    >>> print(chat_schema_grammar({"const": 1}), end="")
+    response-format ::= response-format-schema
+    response-format-schema ::= "1"
+    root ::= space space ("```json" space response-format space "```" | space response-format space)
+    space ::= | " " | "\\n"{1,2} [ \\t]{0,20}
+    """
+    def build(s: Any) -> str:
+        conv = _Converter()
+        conv.add_rule("response-format", conv.visit(read_schema(s), "response-format-schema"))
+        conv.add_rule("root", CHAT_ROOT)
+        return conv.grammar()
+
+    return _checked(schema, build)
+
+
+def _check(schema: Any) -> None:
+    if not isinstance(schema, dict):
+        raise ValueError(f"a JSON schema is an object, got {type(schema).__name__}")
+    check_schema(schema)  # the converter writes every repetition out: a huge count would cost the process
+
+
+def _checked(schema: Any, build) -> str:
+    """``build(schema)`` (llama-server's converter) after the checks, its errors as ValueError."""
+    _check(schema)
+    try:
+        return build(schema)
+    except ValueError as e:  # llama-server's message
+        raise ValueError(str(e)) from None
+    except RecursionError:
+        raise ValueError("the schema nests (or refers to itself) too deeply") from None
 
 
 def json_schema_to_grammar(schema: Any, converter: str = "llama-server") -> str:
     """The GBNF grammar of ``schema`` (a JSON object); :class:`ValueError` saying what is wrong with it.
     ``converter``: ``"llama-server"`` (the grammar llama-server builds) or ``"llama-cpp-python"``."""
-    if not isinstance(schema, dict):
-        raise ValueError(f"a JSON schema is an object, got {type(schema).__name__}")
-    check_schema(schema)  # the converter writes every repetition out: a huge count would cost the process
     if converter == "llama-server":
-        try:
-            return json_schema_grammar(schema)
-        except ValueError as e:  # llama-server's message
-            raise ValueError(str(e)) from None
-        except RecursionError:
-            raise ValueError("the schema nests (or refers to itself) too deeply") from None
+        return _checked(schema, json_schema_grammar)
+    _check(schema)
     try:
         return json_schema_to_gbnf(json.dumps(schema))
     except RecursionError:

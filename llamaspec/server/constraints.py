@@ -20,7 +20,7 @@ from .._llama.grammar_limits import alternatives_message, alternatives_over
 from .errors import invalid
 from .limits import over
 
-__all__ = ["JSON_GRAMMAR", "parse_grammar", "parse_logit_bias", "check_alternatives"]
+__all__ = ["JSON_GRAMMAR", "parse_grammar", "request_schema", "schema_grammar", "parse_logit_bias", "check_alternatives"]
 
 I32_MAX = (1 << 31) - 1
 
@@ -41,12 +41,12 @@ def _show(v: Any) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-def _schema_grammar(key: str, schema: Any) -> str:
+def _schema_grammar(key: str, schema: Any, to_grammar: Callable[[Any], str]) -> str:
     """The GBNF grammar of a JSON schema (llama-server: an empty schema means any object); 400 when it is not one."""
     if isinstance(schema, dict) and not schema:
         schema = {"type": "object"}
     try:
-        return llama.json_schema_to_grammar(schema)
+        return to_grammar(schema)
     except ValueError as e:
         raise invalid(f"Field '{key}': not a JSON schema llamaspec can follow: {e}. Give a JSON schema object "
                       "(https://json-schema.org), response_format {\"type\": \"json_object\"} or a GBNF 'grammar'") from None
@@ -61,12 +61,18 @@ def check_alternatives(key: str, grammar: str | None, limit: int) -> None:
         raise over(alternatives_message(n), limit, "max_grammar_alternatives", field=key)
 
 
-def parse_grammar(b: Any, max_alternatives: int = 0) -> str | None:
-    """``grammar`` (GBNF), or the grammar of a JSON schema: the top-level ``json_schema``, ``response_format``
-    ``{"type": "json_schema", "json_schema": {"schema": ...}}`` or ``{"type": "json_object", "schema": ...}``
-    (``{"type": "json_object"}`` alone: any JSON object, the schema ``{"type": "object"}`` as llama-server has it); either checked against ``max_alternatives``
-    (:func:`check_alternatives`)."""
-    grammar, grammar_key = b.str("grammar"), "grammar"
+def request_schema(b: Any) -> tuple[str, Any, str | None]:
+    """``(field, schema, grammar)`` of a request: its JSON schema (None: none) and the field it came from (the
+    top-level ``json_schema``, ``response_format`` ``{"type": "json_schema", "json_schema": {"schema": ...}}`` or
+    ``{"type": "json_object", "schema": ...}``; ``{"type": "json_object"}`` alone: any JSON object, the schema
+    ``{"type": "object"}`` as llama-server has it, unless a schema or a grammar is given), and its GBNF
+    ``grammar``; 400 for an unknown ``response_format``.
+
+    >>> from llamaspec.server.parsing import Body
+    >>> request_schema(Body({"response_format": {"type": "json_object"}}))
+    ('response_format', {'type': 'object'}, None)
+    """
+    grammar = b.str("grammar")
     schema_key, schema = b.get("json_schema")
     rf = b.obj("response_format")
     if rf is not None:
@@ -87,13 +93,27 @@ def parse_grammar(b: Any, max_alternatives: int = 0) -> str | None:
             schema_key, schema = "response_format.json_schema.schema", {} if inner is None else inner
         else:
             raise invalid(f"Field 'response_format': unknown type {_show(t)} (valid: text, json_object, json_schema)")
+    if schema is not None and grammar:
+        raise invalid(f"Fields '{schema_key}' and 'grammar': give a JSON schema or a GBNF grammar, not both")
+    return schema_key, schema, grammar
+
+
+def schema_grammar(key: str, schema: Any, max_alternatives: int = 0,
+                   to_grammar: Callable[[Any], str] | None = None) -> str:
+    """The grammar of JSON schema ``schema`` of field ``key`` (``to_grammar``: the converter, llama-server's
+    by default; an empty schema means any object), checked against ``max_alternatives``; 400 naming ``key``."""
+    grammar = _schema_grammar(key, schema, to_grammar or llama.json_schema_to_grammar)
+    check_alternatives(key, grammar, max_alternatives)
+    return grammar
+
+
+def parse_grammar(b: Any, max_alternatives: int = 0) -> str | None:
+    """``grammar`` (GBNF), or the grammar of the request's JSON schema (:func:`request_schema`); either checked
+    against ``max_alternatives`` (:func:`check_alternatives`)."""
+    schema_key, schema, grammar = request_schema(b)
     if schema is not None:
-        if grammar:
-            raise invalid(f"Fields '{schema_key}' and 'grammar': give a JSON schema or a GBNF grammar, not both")
-        grammar = _schema_grammar(schema_key, schema)
-        check_alternatives(schema_key, grammar, max_alternatives)
-        return grammar
-    check_alternatives(grammar_key, grammar, max_alternatives)
+        return schema_grammar(schema_key, schema, max_alternatives)
+    check_alternatives("grammar", grammar, max_alternatives)
     return grammar
 
 

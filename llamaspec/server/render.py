@@ -11,6 +11,7 @@ from .respond import Renderer
 from .parsing import SAMPLER_FIELDS, Defaults, GenParams
 from .probs import ProbsRender
 from .tools import ToolSpec, ToolStream, parse_output
+from .chat_format import ChatFormat, FenceStream
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
@@ -115,11 +116,14 @@ class CompletionRenderer(_OpenAIBase):
 class ChatRenderer(_OpenAIBase):
     """``/v1/chat/completions``: ``chat.completion`` objects and ``chat.completion.chunk`` deltas."""
 
-    def __init__(self, *a, tools: ToolSpec | None = None, **kw):
+    def __init__(self, *a, tools: ToolSpec | None = None, fmt: ChatFormat | None = None, **kw):
         super().__init__(*a, **kw)
         self._started: set[int] = set()
+        #: the request's JSON schema on the Jinja path: the content is the JSON, a fence parsed away
+        #: (server/chat_format.py, one parser per choice); its output is not parsed into calls, as llama-server's
+        self.fmt, self._fences = fmt, {}
         #: the request's tools when the output is parsed into calls (server/tools.py), one parser per choice
-        self.tools = tools if tools is not None and tools.parse else None
+        self.tools = tools if tools is not None and tools.parse and fmt is None else None
         self._streams: dict[int, ToolStream] = {}
         self._n_calls: dict[int, int] = {}
 
@@ -162,6 +166,10 @@ class ChatRenderer(_OpenAIBase):
                         d["choices"][0]["logprobs"] = {"content": self.probs.content(entries)}
                     yield d
                 continue
+            if self.fmt is not None:  # llama-server: no chunk for a token that adds no content
+                text = self._fences.setdefault(i, FenceStream()).feed(text)
+                if not text:
+                    continue
             d = {"choices": [{"finish_reason": None, "index": i, "delta": {"content": text}}],
                  **self.head("chat.completion.chunk")}
             if entries is not None:
@@ -178,6 +186,9 @@ class ChatRenderer(_OpenAIBase):
                 yield self._delta(i, delta)
             if self._n_calls.get(i):
                 reason = "tool_calls"
+        rest = self._fences.setdefault(i, FenceStream()).finish() if self.fmt is not None else ""
+        if rest:
+            yield self._delta(i, {"content": rest})
         yield self.with_verbose({"choices": [{"finish_reason": reason, "index": i,
                                               "delta": {}}],
                                  **self.head("chat.completion.chunk"), "timings": _timings(self.state, req.stats)}, req)
@@ -198,7 +209,7 @@ class ChatRenderer(_OpenAIBase):
 
     def _choice(self, i: int, r) -> dict:
         c = {"finish_reason": formats.finish_reason(r.finish_reason), "index": i,
-             "message": {"role": "assistant", "content": r.text}}
+             "message": {"role": "assistant", "content": r.text if self.fmt is None else self.fmt.content(r.text)}}
         if self.tools is not None:
             content, calls = parse_output(r.text, self.tools)
             if calls:

@@ -28,10 +28,12 @@ import uuid
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .. import _llama as llama
 from . import cancel, formats
 from .errors import invalid
 from .respond import Renderer, dumps
 from .tools import ToolSpec, ToolStream, parse_output
+from .chat_format import ChatFormat, FenceStream
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..request import Request
@@ -142,14 +144,38 @@ def _messages(items: list) -> list[dict]:
 
 
 def _response_format(fmt: Any) -> dict | None:
-    """``text.format`` of the Responses API as a chat ``response_format``."""
+    """``text.format`` of the Responses API as a chat ``response_format`` (llama-server drops it): ``{"type":
+    "json_schema", "name", "schema", "strict"}`` constrains the output with the schema's grammar (``strict`` or
+    not: a grammar is always strict), ``{"type": "json_object"}`` to any JSON object, ``{"type": "text"}`` not
+    at all; anything else a 400 naming the field.
+
+    >>> _response_format({"type": "json_schema", "name": "n", "schema": {"const": 1}, "strict": True})
+    {'type': 'json_schema', 'json_schema': {'name': 'n', 'schema': {'const': 1}}}
+    """
     if fmt is None:
         return None
     if not isinstance(fmt, dict):
-        raise invalid("Field 'text.format': expected an object such as {\"type\": \"json_schema\", \"schema\": {...}}")
-    if fmt.get("type") == "json_schema":
-        return {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
-    return fmt
+        raise invalid("Field 'text.format': expected an object such as {\"type\": \"json_schema\", \"name\": ..., "
+                      f"\"schema\": {{...}}}}, got {json.dumps(fmt)[:60]}")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise invalid(f"Field 'text.format.type': expected \"text\", \"json_object\" or \"json_schema\", got "
+                      f"{json.dumps(kind)[:60]}")
+    schema = fmt.get("schema")
+    if not isinstance(schema, dict):
+        raise invalid("Field 'text.format.schema': a \"json_schema\" format needs its JSON schema (an object), got "
+                      f"{json.dumps(schema)[:60]}")
+    if fmt.get("name") is not None and not isinstance(fmt["name"], str):
+        raise invalid(f"Field 'text.format.name': expected a string, got {json.dumps(fmt['name'])[:60]}")
+    try:  # the message names the field the client wrote (the chat path would name response_format's)
+        llama.json_schema_to_grammar(schema or {"type": "object"})
+    except ValueError as e:
+        raise invalid(f"Field 'text.format.schema': not a JSON schema llamaspec can follow: {e}") from None
+    return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": schema}}
 
 
 def _tools(raw: Any) -> list[dict]:
@@ -249,13 +275,16 @@ class ResponsesRenderer(Renderer):
 
     openai = False  # the stream ends with response.completed, no [DONE]
 
-    def __init__(self, state: "ServerState", gen: "GenParams", model: str, tools: ToolSpec | None = None):
+    def __init__(self, state: "ServerState", gen: "GenParams", model: str, tools: ToolSpec | None = None,
+                 fmt: ChatFormat | None = None):
         self.state, self.gen, self.model = state, gen, model
         self.id = "resp_" + uuid.uuid4().hex  # OpenAI's (and llama-server's) prefixes: resp_, msg_
         self.msg_id = "msg_" + uuid.uuid4().hex
         self.created = formats.now()
-        self.tools = tools if tools is not None and tools.parse else None
+        self.tools = tools if tools is not None and tools.parse and fmt is None else None
         self._stream = ToolStream(self.tools) if self.tools is not None else None
+        #: a JSON schema on the Jinja path: the text is the JSON, a fence parsed away (server/chat_format.py)
+        self.fmt, self._fence = fmt, FenceStream() if fmt is not None else None
         self._begun = False
         self._msg_index: int | None = None  # the message item's output_index once its text began
         self._text = ""  # the message's text so far (a stream)
@@ -326,7 +355,9 @@ class ResponsesRenderer(Renderer):
         if not ch.text:
             return
         yield from self._begin()
-        evs = list(self._events(self._stream.feed(ch.text) if self._stream is not None else [("content", ch.text)]))
+        text = self._fence.feed(ch.text) if self._fence is not None else ch.text
+        evs = list(self._events(self._stream.feed(text) if self._stream is not None else
+                                [("content", text)] if text else []))
         if evs and self.gen.timings_per_token:
             evs[-1]["timings"] = self._timings(req.stats)
         yield from evs
@@ -345,6 +376,9 @@ class ResponsesRenderer(Renderer):
         yield from self._begin()
         if self._stream is not None:
             yield from self._events(self._stream.finish())
+        rest = self._fence.finish() if self._fence is not None else ""
+        if rest:
+            yield from self._text_events(rest)
         output = sorted(self._items, key=lambda x: x[0])
         if self._msg_index is not None:
             msg = self._message(self._text)
@@ -363,7 +397,8 @@ class ResponsesRenderer(Renderer):
 
     def whole(self, reqs):
         req = reqs[0]
-        text, calls = (parse_output(req.text, self.tools) if self.tools is not None else (req.text, []))
+        text = req.text if self.fmt is None else self.fmt.content(req.text)
+        text, calls = (parse_output(text, self.tools) if self.tools is not None else (text, []))
         output = ([self._message(text)] if text else []) + [_call_item(c) for c in calls]
         return {"completed_at": formats.now(), "created_at": self.created, "id": self.id, "model": self.model,
                 "object": "response", "output": output, "status": "completed", "usage": self._usage(req)}

@@ -13,7 +13,6 @@ from .. import _llama
 from ..errors import ContextOverflowError
 from . import formats
 from .chat_prompt import chat_prompt
-from .constraints import check_alternatives
 from .errors import ApiError, api_error, exceed_context, invalid, not_supported, unavailable
 from . import cancel
 from .jobs import JobGroup, in_worker
@@ -27,6 +26,7 @@ from .responses import ResponsesRenderer, to_chat
 from .state import ServerState
 from .tenant import current_tenant
 from .tools import ToolSpec, parse_tools
+from .chat_format import ChatFormat, chat_format, constrained_grammar
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
@@ -125,22 +125,20 @@ def _inline(b: Body) -> bool:
 
 
 async def _generation(state: ServerState, b: Body, prompts, tools: ToolSpec | None = None,
-                      request: HttpRequest | None = None) -> tuple[GenParams, JobGroup]:
+                      request: HttpRequest | None = None, fmt: ChatFormat | None = None) -> tuple[GenParams, JobGroup]:
     """Parse, tokenise (``prompts(b, gen)``: the token lists) and submit, in a worker thread unless the request
     is small (:func:`_inline`); ``tools``: the chat request's (a forced ``tool_choice`` constrains the output
-    with their grammar); ``request``: its HTTP request (the work stops when its client leaves)."""
+    with their grammar); ``request``: its HTTP request (the work stops when its client leaves); ``fmt``: its
+    JSON schema on the Jinja chat path (server/chat_format.py)."""
     eng = state.need_engine()
 
     def work() -> tuple[GenParams, JobGroup]:
         gen = parse_gen_params(b, state.config.defaults, n_ctx=eng.n_ctx_seq, limits=state.config.limits,
                                tokenize=lambda text: eng.tokenize(text, add_special=False, parse_special=False),
                                tools_ok=tools is not None)
-        if tools is not None and tools.forced:
-            if gen.sampling.grammar:
-                raise invalid("Field 'tool_choice': a required or named tool call constrains the output itself: "
-                              "give no 'grammar', 'json_schema' or 'response_format' with it")
-            gen.with_grammar(tools.grammar(_llama.json_schema_to_grammar))
-            check_alternatives("tools", gen.sampling.grammar, state.config.limits.max_grammar_alternatives)
+        grammar = constrained_grammar(gen.sampling.grammar, tools, fmt, state.config.limits.max_grammar_alternatives)
+        if grammar is not None:
+            gen.with_grammar(grammar)
         return gen, submit(state, prompts(b, gen), gen)
 
     return work() if _inline(b) else await in_worker(work, request=request)
@@ -211,9 +209,10 @@ async def chat_completions(request: HttpRequest):
     b = await _body(request)
     verbose = _verbose(b, state)
     tools = parse_tools(b.data)  # 400 on bad tools before anything runs
-    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools, request=request)
+    fmt = chat_format(state, b)
+    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools, request=request, fmt=fmt)
     return _respond(state, gen, group, lambda: ChatRenderer(state, gen, _model_name(b, state), "chatcmpl",
-                                                            verbose=verbose, tools=tools))
+                                                            verbose=verbose, tools=tools, fmt=fmt))
 
 
 async def responses(request: HttpRequest):
@@ -224,8 +223,9 @@ async def responses(request: HttpRequest):
     # off the event loop: the input list's length is the client's (100k items take seconds)
     b, tools = await in_worker(lambda: (lambda b: (b, parse_tools(b.data)))(Body(to_chat(raw.data), raw.size)),
                                request=request)
-    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools, request=request)
-    return _respond(state, gen, group, lambda: ResponsesRenderer(state, gen, _model_name(b, state), tools))
+    fmt = chat_format(state, b)
+    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools, request=request, fmt=fmt)
+    return _respond(state, gen, group, lambda: ResponsesRenderer(state, gen, _model_name(b, state), tools, fmt))
 
 
 async def apply_template(request: HttpRequest):
