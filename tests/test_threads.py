@@ -60,6 +60,25 @@ def test_free_cores_counts_what_other_processes_use(tmp_path):
     assert FreeCores(str(tmp_path / "absent")).read() is None
 
 
+@pytest.mark.parametrize("own_nice, free", [(0, 2.0), (-5, 2.0), (10, 1.0)])
+def test_free_cores_leaves_out_processes_niced_below_ours(tmp_path, own_nice, free):
+    """A niced process (a background build, a test run at nice 19) yields its core to a process of normal
+    priority: its time (/proc/stat's nice column) does not cap the threads, unless this process is niced too."""
+    from llamaspec._llama.threads import FreeCores
+
+    stat = tmp_path / "stat"
+    clock = [0.0]
+
+    def write(user, nice, idle):  # jiffies summed over 2 cpus
+        stat.write_text(f"cpu {user} {nice} 0 {idle} 0 0 0 0 0 0\ncpu0 0\ncpu1 0\n")
+
+    write(0, 0, 0)
+    f = FreeCores(str(stat), clock=lambda: clock[0], own_cpu=lambda: 0.0, own_nice=lambda: own_nice)
+    clock[0] = 1.0                                   # 1 s: one core idle, the other running a niced process
+    write(0, 100, 100)
+    assert f.read() == pytest.approx(free)
+
+
 def test_a_new_batch_size_starts_from_the_nearest_choice():
     t = ThreadTuner([2, 1], lambda k: None)
     drive(t, 60, lambda k: 0.030 if k == 2 else 0.012, rows=1)

@@ -15,7 +15,11 @@ wins clearly the interval doubles (up to ``probe_every_max``: on a quiet machine
 
 Before all that, the OS says how many cores are free: :class:`FreeCores` reads the machine's busy time
 (``/proc/stat``) and this process's own CPU time (``os.times``) at most every quarter second; what other processes
-use is the difference. While they use cores that this context's threads would need, a decode runs with as many
+use is the difference. Time the OS books as *nice* (processes given a lower priority: ``nice``, a background build,
+a test run) is left out of it when this process itself runs at normal or higher priority: the scheduler gives such
+a process a few percent of a core against ours (weight 15 for nice 19, 110 for nice 10, against 1024), so its
+cores are ours when we need them. (A process niced by only 1-5 would still take a third of a core or more: it is
+counted as free all the same, a known limit of reading ``/proc/stat``.) While they use cores that this context's threads would need, a decode runs with as many
 threads as there are free cores (at least one) and nothing is probed: a timed probe of two threads on a busy box
 costs up to ten decodes, and timings taken under load say more about the load than about the thread count. When
 the other processes stop, the cap lifts at the next reading. The thread count does not change what a decode computes (each
@@ -68,14 +72,15 @@ class FreeCores:
     """
 
     def __init__(self, path: str = "/proc/stat", clock: Callable[[], float] = time.monotonic,
-                 own_cpu: Callable[[], float] = lambda: sum(os.times()[:2])):
-        self.path, self.clock, self.own_cpu = path, clock, own_cpu
+                 own_cpu: Callable[[], float] = lambda: sum(os.times()[:2]),
+                 own_nice: Callable[[], int] = lambda: os.getpriority(os.PRIO_PROCESS, 0)):
+        self.path, self.clock, self.own_cpu, self.own_nice = path, clock, own_cpu, own_nice
         self._lock = threading.Lock()
         self.n_cpus = 0
         self._last = self._sample()
         self._free: float | None = None
 
-    def _sample(self) -> "tuple[float, int, int, float] | None":
+    def _sample(self) -> "tuple[float, int, int, float, int] | None":
         try:
             with open(self.path, "rb") as f:
                 lines = f.read().split(b"\n")
@@ -85,8 +90,14 @@ class FreeCores:
         if len(vals) < 5:
             return None
         self.n_cpus = sum(1 for ln in lines[1:] if ln.startswith(b"cpu")) or (os.cpu_count() or 1)
-        # idle + iowait, and the total (guest time is counted in user already)
-        return self.clock(), vals[3] + vals[4], sum(vals), self.own_cpu()
+        # idle + iowait, the total (guest time is counted in user already), and the niced processes' time
+        return self.clock(), vals[3] + vals[4], sum(vals), self.own_cpu(), vals[1]
+
+    def _own_nice(self) -> int:
+        try:
+            return self.own_nice()
+        except OSError:
+            return 0
 
     def read(self) -> float | None:
         with self._lock:
@@ -97,9 +108,11 @@ class FreeCores:
                 now = self._sample()
                 if now is None:
                     return self._free
-                d_wall, d_idle, d_total, d_own = now[0] - last[0], now[1] - last[1], now[2] - last[2], now[3] - last[3]
+                d_wall, d_idle, d_total, d_own, d_nice = (a - b for a, b in zip(now, last))
                 if d_total > 0 and d_wall > 0:
-                    busy = (1.0 - d_idle / d_total) * self.n_cpus  # cores in use, all processes
+                    # cores in use by all processes, less those niced below us (they yield: module docstring)
+                    yielding = d_nice if self._own_nice() <= 0 else 0
+                    busy = (1.0 - (d_idle + yielding) / d_total) * self.n_cpus
                     others = max(0.0, busy - d_own / d_wall)
                     self._free = max(0.0, self.n_cpus - others)
                 self._last = now
