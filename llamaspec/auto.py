@@ -343,11 +343,21 @@ class AutoChain(Chain):
         #: the draft model behind the gate (None without a draft model)
         self.gated = GatedDrafter(draft, self.cost, self.gate, adaptive=adaptive) if draft is not None else None
         super().__init__([ngram] if self.gated is None else [ngram, self.gated], n_seq)
+        #: with a draft model, two arms for the referee: n-gram copies then the draft model, or the model alone
+        self.arms = ("all", "model") if self.gated is not None else ("spec",)
+        self._ngram_on = True
         ngram.use_cost_model(self.cost)
         if self.gated is not None:
             ngram.gain_floor = self.gated.expected_gain  # the n-gram draft must beat the draft model where it pays
             if ngram.params.k_start == 0:
                 ngram.set_k_start(AUTO_NGRAM_K_START)
+
+    def use_arm(self, arm: str) -> None:
+        self._ngram_on = arm != "model"
+
+    def drafting_impls(self) -> list[Drafter]:
+        """The ``model`` arm leaves ngram-lookup out (it still follows the text: its next lookup syncs)."""
+        return self.impls if self._ngram_on or self.gated is None else [self.gated]
 
     # -- reporting --------------------------------------------------------------------------------
     def auto_info(self) -> dict:

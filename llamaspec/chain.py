@@ -45,6 +45,16 @@ class Chain:
     def types(self) -> list[str]:
         return [d.type for d in self.impls]
 
+    #: the ways this chain can speculate, each an arm of the referee's (llamaspec.referee); one here
+    arms: tuple[str, ...] = ("spec",)
+
+    def use_arm(self, arm: str) -> None:
+        """Speculate the way ``arm`` (one of :attr:`arms`) says in the rounds that follow."""
+
+    def drafting_impls(self) -> list[Drafter]:
+        """The drafters asked for a draft, in order (all of them here; an arm may leave some out)."""
+        return self.impls
+
     # -- protocol -------------------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: Sequence[int], owner: str | None = None) -> None:
         """A new request on ``seq_id``; ``owner`` (its tenant; None: keep the last one) goes first to every
@@ -71,7 +81,7 @@ class Chain:
                 raise AssertionError("draft result must be empty when drafting starts")
         if not drafting:
             return
-        for d in self.impls:
+        for d in self.drafting_impls():
             with Timer(d.stats, "t_draft_us"):
                 d.draft(params)
             d.stats.n_call_draft += 1

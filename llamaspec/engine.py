@@ -149,7 +149,8 @@ class Engine:
                                    verify=verify, ctx=self.ctx, is_eog=self.vocab.is_eog,
                                    synth_cond=self.synth_cond, cache_prompt=cache_prompt)
         #: speculate or not from delivered throughput (llamaspec.referee), with the adaptive policies
-        self.referee = Referee() if spec.referee_on() and (adaptive or isinstance(self.chain, AutoChain)) else None
+        judged = self.chain is not None and spec.referee_on() and (adaptive or isinstance(self.chain, AutoChain))
+        self.referee = Referee(arms=self.chain.arms) if judged else None
         self.round = Round(self.ctx, self.chain, self.vocab, self.rollback_tgt, self.rollback_dft, self.budget,
                            self.cost_model if self.chain is not None else None,  # plain decoding: nothing to price
                            spec.replay_accept_corrected, self.referee)

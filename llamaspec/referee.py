@@ -22,6 +22,15 @@ measured close together so that both saw the same machine.
   speculating when that pays. A failed retry doubles the wait up to ``retry_max`` (16 by default: when a load
   stops, speculation is back within 16 + ``probe_len_spec`` rounds).
 
+* **Arms of speculation.** Where the chain can speculate in more than one way (``auto`` with a draft model:
+  ``all``, n-gram copies then the draft model, or ``model``, the draft model alone), each way is an arm with its
+  own window, and the rounds of the arm in use are the speculative ones above. Every ``arm_every`` speculative
+  rounds the other arm runs for ``probe_len_spec`` rounds (its window emptied first: what it did long ago says
+  little about the text now); it takes over when it delivered ``1 + margin`` times the rate of the arm in use,
+  and the interval doubles (up to ``arm_every_max``) while the arm in use keeps winning. A copy drafter whose
+  drafts are accepted at 30-50% where the draft model's are at 90% therefore loses its rounds to the draft model
+  by what they delivered, whatever its expected-gain model says under load.
+
 Everything here is pure (no clock, no model): the round reports ``(speculative, n_gen, tokens, seconds)``.
 
 >>> r = Referee(probe_every=4, probe_len=2, window=8)
@@ -66,6 +75,9 @@ class RefereeParams:
     clear_win: float = 1.25
     #: rounds per window
     window: int = 16
+    #: speculating with more than one arm: rounds of the arm in use between two tries of another
+    arm_every: int = 16
+    arm_every_max: int = 128
 
 
 class WindowRate:
@@ -120,26 +132,35 @@ def relative_mad(values: "list[float]") -> float | None:
 
 
 class _Bucket:
-    __slots__ = ("spec", "plain")
+    __slots__ = ("arms", "plain")
 
-    def __init__(self, n: int):
-        self.spec = WindowRate(n)
+    def __init__(self, n: int, arms: "tuple[str, ...]"):
+        self.arms = {a: WindowRate(n) for a in arms}
         self.plain = WindowRate(n)
 
 
 class Referee:
     """The speculate-or-not decision of each round (module docstring). ``speculate(n_gen)`` before a round,
-    ``record(...)`` after it (rounds with prompt work are not recorded: their time is not the generation's)."""
+    ``record(...)`` after it (rounds with prompt work are not recorded: their time is not the generation's).
+    ``arms``: the ways the chain speculates (the first is where it starts); :attr:`arm` is the one a speculative
+    round uses."""
 
-    SPEC, PROBE_PLAIN, PLAIN, PROBE_SPEC = "spec", "probe-plain", "plain", "probe-spec"
+    SPEC, PROBE_PLAIN, PLAIN, PROBE_SPEC, PROBE_ARM = "spec", "probe-plain", "plain", "probe-spec", "probe-arm"
 
-    def __init__(self, params: RefereeParams | None = None, **kw):
+    def __init__(self, params: RefereeParams | None = None, arms: "tuple[str, ...]" = ("spec",), **kw):
         p = params or RefereeParams()
         for k, v in kw.items():
             if not hasattr(p, k):
                 raise TypeError(f"unknown referee setting {k!r}")
             setattr(p, k, v)
         self.p = p
+        if not arms:
+            raise ValueError("a referee needs at least one arm")
+        self.arms = tuple(arms)
+        #: the arm speculative rounds use (the one probed during a probe of arms), and the one in charge
+        self.arm = self.best_arm = self.arms[0]
+        self._arm_left = self._arm_every = p.arm_every
+        self.n_arm_switches = 0
         self.state = self.SPEC
         self._buckets: dict[int, _Bucket] = {}
         self._left = p.probe_every  # rounds left in the current state
@@ -156,7 +177,7 @@ class Referee:
         b = bucket(n_gen)
         bk = self._buckets.get(b)
         if bk is None:
-            bk = self._buckets[b] = _Bucket(self.p.window)
+            bk = self._buckets[b] = _Bucket(self.p.window, self.arms)
         return bk
 
     # -- the decision ------------------------------------------------------------------------------
@@ -164,9 +185,14 @@ class Referee:
         """Whether this round may speculate (the policies below still choose how far, or not at all)."""
         if self.state == self.SPEC and self._left <= 0:
             self.state, self._left = self.PROBE_PLAIN, self.p.probe_len
+        elif self.state == self.SPEC and self._arm_left <= 0 and len(self.arms) > 1:
+            self.state, self._arm_left = self.PROBE_ARM, self.p.probe_len_spec
+            i = self.arms.index(self.best_arm)
+            self.arm = self.arms[(i + 1) % len(self.arms)]  # the next arm in turn
+            self._bucket(n_gen).arms[self.arm].rounds.clear()
         elif self.state == self.PLAIN and self._left <= 0:
             self.state, self._left = self.PROBE_SPEC, self.p.probe_len_spec
-        spec = self.state in (self.SPEC, self.PROBE_SPEC)
+        spec = self.state in (self.SPEC, self.PROBE_SPEC, self.PROBE_ARM)
         if not spec:
             self.n_plain_rounds += 1
         return spec
@@ -181,9 +207,16 @@ class Referee:
             return
         seconds, self._carry = seconds + self._carry, 0.0
         bk = self._bucket(n_gen)
-        (bk.spec if speculative else bk.plain).add(n_tokens, seconds)
+        (bk.arms[self.arm] if speculative else bk.plain).add(n_tokens, seconds)
         if speculative and n_drafted == 0:
             bk.plain.add(n_tokens, seconds)
+        if self.state == self.PROBE_ARM:
+            self._arm_left -= 1
+            if self._arm_left <= 0:
+                self._judge_arm(bk)
+            return
+        if self.state == self.SPEC:
+            self._arm_left -= 1
         self._left -= 1
         if self._left > 0:
             return
@@ -214,6 +247,17 @@ class Referee:
             self._retry = min(2 * self._retry, self.p.retry_max)
             self.state, self._left = self.PLAIN, self._retry
 
+    def _judge_arm(self, bk: _Bucket) -> None:
+        """A probe of another arm ended: it takes over when it delivered clearly more than the arm in charge."""
+        tried, best = bk.arms[self.arm].rate(), bk.arms[self.best_arm].rate()
+        if tried is not None and (best is None or tried > best * (1.0 + self.p.margin)):
+            self.best_arm = self.arm
+            self.n_arm_switches += 1
+            self._arm_every = self.p.arm_every
+        else:
+            self._arm_every = min(2 * self._arm_every, self.p.arm_every_max)
+        self.arm, self.state, self._arm_left = self.best_arm, self.SPEC, self._arm_every
+
     def _fall_back(self) -> None:
         self.state, self._left = self.PLAIN, self._retry
         self.n_fallbacks += 1
@@ -224,7 +268,7 @@ class Referee:
         bk = self._buckets.get(bucket(n_gen))
         if bk is None:
             return None, None
-        return bk.spec.rate(), bk.plain.rate()
+        return bk.arms[self.best_arm].rate(), bk.plain.rate()
 
     def plain_window(self, n_gen: int) -> WindowRate | None:
         """The plain rounds measured at ``n_gen`` generating slots (None: none yet)."""
@@ -235,19 +279,27 @@ class Referee:
         """Speculative rate over plain rate at ``n_gen`` slots; None until both were measured (plain needs
         at least 2 rounds)."""
         bk = self._buckets.get(bucket(n_gen))
-        if bk is None or len(bk.plain) < 2 or not len(bk.spec):
+        spec = bk.arms[self.best_arm] if bk is not None else None
+        if bk is None or len(bk.plain) < 2 or not len(spec):
             return None
-        s, p = bk.spec.rate(), bk.plain.rate()
+        s, p = spec.rate(), bk.plain.rate()
         return s / p if s and p else None
 
     def info(self) -> dict:
         """What the referee measured and did, per batch-size bucket (statistics and ``/slots``)."""
         per = {}
         for b, bk in sorted(self._buckets.items()):
-            s, p = bk.spec.rate(), bk.plain.rate()
+            spec = bk.arms[self.best_arm]
+            s, p = spec.rate(), bk.plain.rate()
             per[str(b)] = {"spec_tps": None if s is None else round(s, 2),
                            "plain_tps": None if p is None else round(p, 2),
-                           "n_spec": len(bk.spec), "n_plain": len(bk.plain),
+                           "n_spec": len(spec), "n_plain": len(bk.plain),
                            "spread": None if bk.plain.spread() is None else round(bk.plain.spread(), 3)}
-        return {"state": self.state, "n_probes": self.n_probes, "n_fallbacks": self.n_fallbacks,
-                "n_returns": self.n_returns, "n_plain_rounds": self.n_plain_rounds, "by_slots": per}
+            if len(self.arms) > 1:
+                per[str(b)]["arms_tps"] = {a: None if w.rate() is None else round(w.rate(), 2)
+                                           for a, w in bk.arms.items()}
+        out = {"state": self.state, "n_probes": self.n_probes, "n_fallbacks": self.n_fallbacks,
+               "n_returns": self.n_returns, "n_plain_rounds": self.n_plain_rounds, "by_slots": per}
+        if len(self.arms) > 1:
+            out.update(arm=self.best_arm, n_arm_switches=self.n_arm_switches)
+        return out

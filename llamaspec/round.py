@@ -90,6 +90,8 @@ class Round:
         gen = self.shift.run(gen, self._fail)  # --context-shift: full slots drop old tokens first
         referee = self.referee if gen and not prompts else None  # a prompt chunk's time is not the generation's
         spec = referee.speculate(len(gen)) if referee is not None else True
+        if spec and referee is not None and len(referee.arms) > 1:
+            self.chain.use_arm(referee.arm)
         t0 = time.perf_counter()
         if self.drafting is not None and gen:
             self.drafting.run(gen, self._fail, allow=spec)

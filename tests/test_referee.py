@@ -101,3 +101,61 @@ def test_window_rate_and_spread():
 def test_unknown_setting():
     with pytest.raises(TypeError, match="unknown referee setting"):
         Referee(probe_evry=3)
+
+
+def drive_arms(ref: Referee, rounds: int, arm_rates: dict, plain_rate: float, rng=None, noise=0.2) -> list:
+    """Rounds of 10 ms-ish: each arm delivers ``arm_rates[arm]`` tokens per second, plain ``plain_rate``;
+    returns the arm (or None for plain) of each round."""
+    rng = rng or random.Random(1)
+    used = []
+    for _ in range(rounds):
+        spec = ref.speculate(1)
+        rate = arm_rates[ref.arm] if spec else plain_rate
+        t = 0.01 * (1.0 + noise * rng.random())
+        ref.record(spec, 1, max(1, round(rate * t)), t, 1 if spec else 0)
+        used.append(ref.arm if spec else None)
+    return used
+
+
+def test_the_arm_that_delivers_more_takes_over():
+    """auto with a draft model: n-gram copies then the model ("all") deliver 300 tok/s, the model alone 500:
+    the referee moves the speculative rounds to the model alone, and keeps looking at the other rarely."""
+    ref = Referee(arms=("all", "model"))
+    assert ref.arm == "all"
+    used = drive_arms(ref, 400, {"all": 300, "model": 500}, plain_rate=100)
+    assert ref.best_arm == "model" and ref.n_arm_switches >= 1
+    assert used[100:].count("model") / 300 > 0.85
+    assert ref.info()["arm"] == "model" and set(ref.info()["by_slots"]["1"]["arms_tps"]) == {"all", "model"}
+
+
+def test_the_arm_in_charge_stays_when_it_wins_and_is_retried_when_the_text_changes():
+    ref = Referee(arms=("all", "model"))
+    used = drive_arms(ref, 300, {"all": 500, "model": 300}, plain_rate=100)
+    assert ref.best_arm == "all" and used[50:].count("model") / 250 < 0.12   # probes back off
+    used = drive_arms(ref, 600, {"all": 250, "model": 500}, plain_rate=100)  # now the copies stop paying
+    assert ref.best_arm == "model"
+
+
+def test_one_arm_never_probes_another():
+    ref = Referee()
+    used = drive_arms(ref, 200, {"spec": 300}, plain_rate=100)
+    assert set(used) <= {"spec", None} and ref.n_arm_switches == 0 and "arm" not in ref.info()
+
+
+def test_auto_chain_arms_leave_ngram_out_of_the_model_arm():
+    from llamaspec.auto import AutoChain
+    from llamaspec.drafters.base import Drafter
+    from llamaspec.drafters.ngram_lookup import NgramLookup
+
+    class Model(Drafter):
+        type = "draft-simple"
+
+    ngram = NgramLookup(1)
+    chain = AutoChain(ngram, Model(1), n_seq=1)
+    assert chain.arms == ("all", "model")
+    assert chain.drafting_impls() == [ngram, chain.gated]
+    chain.use_arm("model")
+    assert chain.drafting_impls() == [chain.gated]
+    chain.use_arm("all")
+    assert chain.drafting_impls()[0] is ngram
+    assert AutoChain(NgramLookup(1), None, n_seq=1).arms == ("spec",)

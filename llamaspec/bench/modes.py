@@ -15,7 +15,10 @@ A mode is one of
   ngram-lookup, then the draft model when there is one, adaptive draft length up to
   :data:`~llamaspec.params.ADAPTIVE_DRAFT_N_MAX`, trimmed draft vocabulary where it pays); only the
   llamaspec engine runs it;
-* ``default:TYPES`` — the same defaults with the named drafters instead of ``auto`` (``default:draft-simple``).
+* ``default:TYPES`` — the same defaults with the named drafters instead of ``auto`` (``default:draft-simple``);
+* any of these with ``@tN`` — run with ``N`` CPU threads for every decode of that mode, whatever ``-t`` says
+  (``draft-simple:8@t1``, ``plain@t1``): an anchor's best thread count measured in the same interleaved run as
+  llamaspec choosing its own.
 
 >>> [m.name for m in parse_modes("plain, draft-simple,ngram-mod+draft-simple,synth:3,lookup,draft-simple:8,default")]
 ['plain', 'draft-simple', 'ngram-mod+draft-simple', 'synth:3.0', 'lookup:10', 'draft-simple:8', 'default']
@@ -27,11 +30,15 @@ A mode is one of
 ('ngram-mod', 'draft-simple')
 >>> parse_mode("synth:2.5").exact, parse_mode("ngram-mod").exact
 (False, True)
+>>> m = parse_mode("draft-simple:8@t1"); m.name, m.n_max, m.threads
+('draft-simple:8@t1', 8, 1)
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+import re
 from dataclasses import dataclass
 
 from ..errors import UsageError
@@ -55,6 +62,8 @@ class Mode:
     n_max: int | None = None
     #: ``default:TYPES``: these drafters with llamaspec's defaults (adaptive length, trimmed draft vocabulary)
     defaults: bool = False
+    #: ``@tN``: the CPU threads of every decode of this mode (None: the benchmark's -t, or llamaspec's choice)
+    threads: int | None = None
 
     @property
     def is_default(self) -> bool:
@@ -119,6 +128,12 @@ def parse_mode(text: str) -> Mode:
     s = text.strip()
     if not s:
         raise UsageError("empty mode name in --modes")
+    at = re.fullmatch(r"(.+)@t(\S*)", s)
+    if at is not None:
+        if not at.group(2).isdigit() or int(at.group(2)) < 1:
+            raise UsageError(f"mode {s!r}: @tN needs a thread count N >= 1 (e.g. plain@t1)")
+        inner = parse_mode(at.group(1))
+        return dataclasses.replace(inner, name=f"{inner.name}@t{int(at.group(2))}", threads=int(at.group(2)))
     if s == "plain" or s == "none":
         return Mode("plain")
     if s == "default":

@@ -133,8 +133,9 @@ class LlamaspecRunner(Runner):
         self.engines[mode.name] = Engine(
             target, draft=draft, spec=spec,
             n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, flash_attn=self.s.flash_attn,
-            **(dict(n_threads=self.s.threads, n_threads_batch=self.s.threads_batch or None,
-                    n_threads_draft=self.s.threads_draft or None) if self.s.threads_given else {}))
+            **(dict(n_threads=mode.threads, n_threads_batch=mode.threads, n_threads_draft=mode.threads) if mode.threads
+               else dict(n_threads=self.s.threads, n_threads_batch=self.s.threads_batch or None,
+                         n_threads_draft=self.s.threads_draft or None) if self.s.threads_given else {}))
 
     def run(self, mode: Mode, prompt: BenchPrompt, n_predict: int, repeat: int) -> RunResult:
         self.prepare(mode)
@@ -181,11 +182,11 @@ class NativeRunner(Runner):
         self.log_dir = log_dir
         self.commands: dict[str, list[str]] = {}
 
-    @property
-    def nsettings(self) -> NativeSettings:
-        s = self.s
-        return NativeSettings(s.n_ctx, s.n_batch, s.threads, s.flash_attn, s.seed, s.spec, threads_batch=s.threads_batch,
-                              threads_draft=s.threads_draft, n_gpu_layers=s.n_gpu_layers,
+    def nsettings(self, mode: Mode) -> NativeSettings:
+        s, t = self.s, mode.threads
+        return NativeSettings(s.n_ctx, s.n_batch, t or s.threads, s.flash_attn, s.seed, s.spec,
+                              threads_batch=t or s.threads_batch, threads_draft=t or s.threads_draft,
+                              n_gpu_layers=s.n_gpu_layers,
                               n_gpu_layers_draft=s.n_gpu_layers_draft, main_gpu=s.main_gpu, split_mode=s.split_mode,
                               tensor_split=s.tensor_split)
 
@@ -210,7 +211,7 @@ class NativeRunner(Runner):
         return None
 
     def _args(self, mode: Mode) -> list[str]:
-        ns = self.nsettings
+        ns = self.nsettings(mode)
         return common_args(ns) + spec_args(mode, self.s.spec, self.draft) + (draft_device_args(ns) if mode.needs_draft else [])
 
     def prepare(self, mode: Mode) -> None:
@@ -324,8 +325,9 @@ class LlamaCppPythonRunner(Runner):
             draft = _CountingLookup(lcp.prompt_lookup_decoding(mode.lookup_n))
             self.drafts[mode.name] = draft
         self.llms[mode.name] = lcp.load_llama(
-            self.target, n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, n_ubatch=self.s.n_batch, n_threads=self.s.threads,
-            n_threads_batch=self.s.threads_batch or self.s.threads, flash_attn=self.s.flash_attn, seed=self.s.seed,
+            self.target, n_ctx=self.s.n_ctx, n_batch=self.s.n_batch, n_ubatch=self.s.n_batch,
+            n_threads=mode.threads or self.s.threads,
+            n_threads_batch=mode.threads or self.s.threads_batch or self.s.threads, flash_attn=self.s.flash_attn, seed=self.s.seed,
             n_gpu_layers=self.s.n_gpu_layers, draft_model=draft, verbose=False, **_lcp_placement(self.s))
 
     def run(self, mode: Mode, prompt: BenchPrompt, n_predict: int, repeat: int) -> RunResult:
