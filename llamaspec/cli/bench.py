@@ -44,7 +44,8 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--modes", default=DEFAULT_MODES, show_default=True,
               help="Comma list: plain, draft-simple, ngram-mod, ngram-simple, ngram-map-k, ngram-map-k4v, "
                    "A+B (a chain), synth:L (draft-simple with synthetic mean length L), lookup[:N] "
-                   "(llama-cpp-python prompt lookup, num_pred_tokens N).")
+                   "(llama-cpp-python prompt lookup, num_pred_tokens N), TYPES:N (the draft model's n_max fixed at N), "
+                   "default; any of them with @tN runs with N threads (plain@t1).")
 @click.option("--engines", default=DEFAULT_ENGINES, show_default=True,
               help="Comma list: llamaspec, native (llama-speculative-simple for draft-simple, llama-server otherwise), "
                    "native-server (llama-server for every mode), llama-cpp-python.")
