@@ -11,12 +11,15 @@ and its speculation flags, named ``SERVER:SETTING`` (``--server-variants``, or t
 * ``native:plain``, ``native:draft:N`` (draft-simple, ``--spec-draft-n-max N``), ``native:spec-default``
   (llama-server's ``--spec-default``), ``native:ngram-mod``.
 
-``N`` defaults to ``--spec-draft-n-max``.
+``N`` defaults to ``--spec-draft-n-max``. Any setting with ``@tN`` runs that server with ``N`` threads (``-t``,
+``-tb``, ``-td``; ``native:plain@t1``): an anchor at its best thread count beside llamaspec choosing its own.
 
 >>> [v.key for v in parse_variants("ls:defaults,native:plain,native:draft:8", draft="d.gguf", n_max=3)]
 ['ls:defaults', 'native:plain', 'native:draft:8']
 >>> parse_variants("native:draft", draft="d.gguf", n_max=3)[0].args
 ('-md', 'd.gguf', '--spec-type', 'draft-simple', '--spec-draft-n-max', '3', '--spec-draft-n-min', '0')
+>>> v = parse_variants("native:draft:8@t1", draft="d.gguf", n_max=3)[0]; v.key, v.args[-6:]
+('native:draft:8@t1', ('-t', '1', '-tb', '1', '-td', '1'))
 >>> parse_variants("ls:draft:4", draft=None, n_max=3)
 Traceback (most recent call last):
 ...
@@ -57,6 +60,12 @@ def parse_variants(text: str, draft: str | None, n_max: int, n_min: int = 0) -> 
     for item in (x.strip() for x in text.split(",")):
         if not item:
             continue
+        threads = None
+        if "@t" in item:
+            item, _, t = item.partition("@t")
+            if not t.isdigit() or int(t) < 1:
+                raise UsageError(f"--server-variants {item}@t{t}: @tN needs a thread count N >= 1")
+            threads = int(t)
         parts = item.split(":")
         if len(parts) not in (2, 3) or parts[0] not in ENGINES or parts[1] not in _SETTINGS[parts[0]]:
             choices = ", ".join(f"{p}:{s}" for p, ss in _SETTINGS.items() for s in ss)
@@ -90,9 +99,13 @@ def parse_variants(text: str, draft: str | None, n_max: int, n_min: int = 0) -> 
         elif setting == "ngram-mod":
             args = ["--spec-type", "ngram-mod"]
         key = f"{prefix}:{setting}" + (f":{n}" if n is not None else "")
+        label = _label(engine, setting, n)
+        if threads is not None:
+            args += ["-t", str(threads), "-tb", str(threads), "-td", str(threads)]
+            key, label = f"{key}@t{threads}", f"{label} ({threads} thread{'s' if threads > 1 else ''})"
         if any(v.key == key for v in out):
             continue
-        out.append(ServerVariant(key, engine, _label(engine, setting, n), tuple(args)))
+        out.append(ServerVariant(key, engine, label, tuple(args)))
     if not out:
         raise UsageError("--server-variants: give at least one setting")
     return out
