@@ -12,13 +12,16 @@ measured close together so that both saw the same machine.
   ``window`` speculative rounds and the last ``window`` plain ones, each ``(tokens, seconds)``. A window's rate
   is its tokens over its time, with each round's time clipped at ``CLIP`` times the window's median (a round
   that waited for the scheduler, or a page fault, cannot decide alone), so rates are medians-robust.
-* **Probes.** Speculating, every ``probe_every`` rounds a short plain window (``probe_len`` rounds) measures the
+* **Probes.** A batch size never measured plainly is probed after ``probe_first`` speculative rounds (with 8
+  slots a short request lasts about 15 rounds: a reference measured at round 12 would come too late to
+  matter). Speculating, every ``probe_every`` rounds a short plain window (``probe_len`` rounds) measures the
   reference; a round in which no slot drafted is a plain round too and counts as one. The interval doubles while
   speculation wins clearly (up to ``probe_every_max``: at 2x a probe costs a few percent) and goes back to the
   start when the margin is thin.
 * **Fall back, then look again.** When the speculative rate falls below the plain rate by more than ``margin``,
   the engine decodes plainly; after ``retry`` plain rounds it speculates for ``probe_len_spec`` rounds to
-  measure again (the policies below keep what they learned about acceptance meanwhile), and goes back to
+  measure again (its window emptied first, so it is judged on what it delivers now; the policies below keep
+  what they learned about acceptance meanwhile), and goes back to
   speculating when that pays. A failed retry doubles the wait up to ``retry_max`` (16 by default: when a load
   stops, speculation is back within 16 + ``probe_len_spec`` rounds).
 
@@ -62,6 +65,9 @@ class RefereeParams:
     #: speculating: rounds between two plain probes (doubles while speculation wins clearly)
     probe_every: int = 12
     probe_every_max: int = 96
+    #: a batch size with no plain rounds measured yet is probed after this many speculative rounds (a request
+    #: of 64 tokens on 8 slots lasts about 15 rounds: the reference must come early to matter)
+    probe_first: int = 4
     #: plain rounds per probe
     probe_len: int = 3
     #: falling back: plain rounds before speculation is tried again (doubles while it keeps losing)
@@ -183,7 +189,7 @@ class Referee:
     # -- the decision ------------------------------------------------------------------------------
     def speculate(self, n_gen: int) -> bool:
         """Whether this round may speculate (the policies below still choose how far, or not at all)."""
-        if self.state == self.SPEC and self._left <= 0:
+        if self.state == self.SPEC and (self._left <= 0 or self._unmeasured(n_gen)):
             self.state, self._left = self.PROBE_PLAIN, self.p.probe_len
         elif self.state == self.SPEC and self._arm_left <= 0 and len(self.arms) > 1:
             self.state, self._arm_left = self.PROBE_ARM, self.p.probe_len_spec
@@ -192,10 +198,17 @@ class Referee:
             self._bucket(n_gen).arms[self.arm].rounds.clear()
         elif self.state == self.PLAIN and self._left <= 0:
             self.state, self._left = self.PROBE_SPEC, self.p.probe_len_spec
+            # a retry is judged on what speculation delivers now, not on the rounds that made it fall back
+            self._bucket(n_gen).arms[self.best_arm].rounds.clear()
         spec = self.state in (self.SPEC, self.PROBE_SPEC, self.PROBE_ARM)
         if not spec:
             self.n_plain_rounds += 1
         return spec
+
+    def _unmeasured(self, n_gen: int) -> bool:
+        """Speculating at a batch size whose plain rate was never measured, for ``probe_first`` rounds."""
+        bk = self._buckets.get(bucket(n_gen))
+        return bk is not None and len(bk.plain) < 2 and len(bk.arms[self.best_arm]) >= self.p.probe_first
 
     def record(self, speculative: bool, n_gen: int, n_tokens: int, seconds: float, n_drafted: int = 1) -> None:
         """A generation round ran: ``speculative`` as :meth:`speculate` said, ``n_tokens`` emitted in

@@ -30,3 +30,19 @@ def tiny_model(tiny_models: dict[str, Path]) -> Callable[[str], Path]:
         return tiny_models[kind]
 
     return get
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Which test is being set up (its fixtures run next): helpers.real_model() refuses a test not marked
+    ``real``, so ``-m "not real"`` never fetches a model."""
+    import helpers
+
+    helpers.CURRENT_TEST[0] = item
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item):
+    import helpers
+
+    helpers.CURRENT_TEST[0] = None

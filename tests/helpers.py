@@ -7,6 +7,10 @@ from pathlib import Path
 import pytest
 
 
+#: the test being set up or run (tests/conftest.py sets it): real_model() checks that it is marked ``real``
+CURRENT_TEST: list = [None]
+
+
 def real_model(name: str) -> Path:
     """Path of a real model from models.toml, fetched (and derived) on first use.
 
@@ -15,6 +19,10 @@ def real_model(name: str) -> Path:
     """
     if os.environ.get("LLAMASPEC_OFFLINE") == "1":
         pytest.skip("LLAMASPEC_OFFLINE=1: real-model tests skipped")
+    item = CURRENT_TEST[0]
+    if item is not None and item.get_closest_marker("real") is None:
+        pytest.fail(f"{item.nodeid} uses real model {name!r} without @pytest.mark.real (so -m 'not real' would "
+                    "still fetch it): mark the test", pytrace=False)
     from llamaspec import models
 
     return Path(models.resolve_model(name))

@@ -135,6 +135,7 @@ SERVER_CASES = [
 ]
 
 
+@pytest.mark.real
 @pytest.mark.skipif(not NATIVE.exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
 def test_same_text_as_llama_server():
     model = str(real_model("smollm2-135m-q4_1"))

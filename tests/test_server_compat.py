@@ -98,6 +98,7 @@ def test_bad_schemas_are_400s(data, what):
     assert e.value.code == 400 and what in e.value.message
 
 
+@pytest.mark.real
 def test_json_schema_output_on_a_real_model():
     path = real_model("smollm2-135m-q4_1")
     with Engine(path, n_ctx=512) as eng, _client(eng) as c:

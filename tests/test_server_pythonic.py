@@ -152,6 +152,7 @@ def client():
     ('Sure.\n```tool_code\nget_weather(city="Paris")\n```', "Sure."),
     ('[get_weather(city="Paris")]', None),
 ])
+@pytest.mark.real
 def test_http_stream_and_not(client, said, content):
     body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER, TIME],
             "max_tokens": 48, "temperature": 0, "grammar": f"root ::= {json.dumps(said)}"}

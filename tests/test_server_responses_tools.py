@@ -104,6 +104,7 @@ def _check_call(item, name=None):
         assert isinstance(args["utc"], bool)
 
 
+@pytest.mark.real
 def test_required_gives_a_function_call_item(oai):
     r = oai.responses.create(model="smol", input=ASK, tools=TOOLS, tool_choice="required", max_output_tokens=64,
                              temperature=0)
@@ -112,6 +113,7 @@ def test_required_gives_a_function_call_item(oai):
     _check_call(calls[0])
 
 
+@pytest.mark.real
 def test_named_function_streamed_as_function_call_events(oai):
     choice = {"type": "function", "name": "get_time"}
     whole = oai.responses.create(model="smol", input=ASK, tools=TOOLS, tool_choice=choice, max_output_tokens=64,
@@ -133,6 +135,7 @@ def test_named_function_streamed_as_function_call_events(oai):
     assert [o.type for o in events[-1].response.output] == ["function_call"]
 
 
+@pytest.mark.real
 def test_the_clients_stream_helper_assembles_the_call(oai):
     with oai.responses.stream(model="smol", input=ASK, tools=TOOLS, tool_choice="required", max_output_tokens=64,
                               temperature=0) as stream:
@@ -142,6 +145,7 @@ def test_the_clients_stream_helper_assembles_the_call(oai):
     _check_call(final.output[0])
 
 
+@pytest.mark.real
 def test_auto_text_then_call_stream_and_not(server):
     """``tool_choice`` auto: the model's own ``<tool_call>`` (a grammar makes SmolLM2 write one) after some text:
     a ``message`` item, then a ``function_call`` item."""
@@ -164,6 +168,7 @@ def test_auto_text_then_call_stream_and_not(server):
     assert [o["type"] for o in final] == ["message", "function_call"] and final[1]["arguments"] == '{"utc": true}'
 
 
+@pytest.mark.real
 def test_round_trip_with_the_function_output(oai, server):
     r = oai.responses.create(model="smol", input=ASK, tools=TOOLS, tool_choice="required", max_output_tokens=64,
                              temperature=0)
@@ -187,6 +192,7 @@ PLACE = {"type": "object", "properties": {"city": {"type": "string", "maxLength"
          "required": ["city", "population"], "additionalProperties": False}
 
 
+@pytest.mark.real
 def test_text_format_becomes_the_chat_response_format():
     fmt = {"type": "json_schema", "name": "place", "schema": PLACE, "strict": True}
     assert to_chat({"input": ASK, "text": {"format": fmt}})["response_format"] == {
@@ -206,6 +212,7 @@ def test_text_format_becomes_the_chat_response_format():
     ({"type": "json_schema", "name": "x", "schema": {"type": "hiccup"}}, "Field 'text.format.schema'"),
     ({"type": "json_schema", "name": 5, "schema": PLACE}, "Field 'text.format.name'"),
 ])
+@pytest.mark.real
 def test_bad_text_formats_are_400s_naming_the_field(fmt, field):
     with pytest.raises(ApiError) as e:
         to_chat({"input": ASK, "text": {"format": fmt}})
@@ -219,6 +226,7 @@ def _place_ok(text: str) -> dict:
     return value
 
 
+@pytest.mark.real
 def test_text_format_json_schema_constrains_the_output(oai):
     fmt = {"type": "json_schema", "name": "place", "schema": PLACE, "strict": True}
     r = oai.responses.create(model="smol", input="Name a big city and its population.", text={"format": fmt},
@@ -231,6 +239,7 @@ def test_text_format_json_schema_constrains_the_output(oai):
     assert deltas == r.output_text and _place_ok(events[-1].response.output_text) == whole
 
 
+@pytest.mark.real
 def test_responses_parse_with_a_pydantic_model(oai):
     pydantic = pytest.importorskip("pydantic")
 
@@ -243,6 +252,7 @@ def test_responses_parse_with_a_pydantic_model(oai):
     assert isinstance(r.output_parsed, Place) and r.output_parsed.city
 
 
+@pytest.mark.real
 def test_text_format_json_object_and_text(oai):
     r = oai.responses.create(model="smol", input="Describe Paris as JSON.", text={"format": {"type": "json_object"}},
                              max_output_tokens=48, temperature=0)
@@ -254,6 +264,7 @@ def test_text_format_json_object_and_text(oai):
                                                      temperature=0).output_text
 
 
+@pytest.mark.real
 def test_a_bad_text_format_is_a_400_to_the_client(oai):
     openai = pytest.importorskip("openai")
     with pytest.raises(openai.BadRequestError) as e:
@@ -261,6 +272,7 @@ def test_a_bad_text_format_is_a_400_to_the_client(oai):
     assert "text.format.schema" in str(e.value)
 
 
+@pytest.mark.real
 def test_unknown_named_function_is_a_400_naming_it(oai):
     openai = pytest.importorskip("openai")
     with pytest.raises(openai.BadRequestError) as e:

@@ -235,6 +235,7 @@ def _check_call(call, name=None):
         assert isinstance(args["utc"], bool)
 
 
+@pytest.mark.real
 def test_required_gives_a_call(oai):
     r = oai.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required",
                                     max_tokens=64, temperature=0)
@@ -244,6 +245,7 @@ def test_required_gives_a_call(oai):
     _check_call(ch.message.tool_calls[0])
 
 
+@pytest.mark.real
 def test_named_function_gives_that_call_streamed_too(oai):
     choice = {"type": "function", "function": {"name": "get_time"}}
     r = oai.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=64,
@@ -262,6 +264,7 @@ def test_named_function_gives_that_call_streamed_too(oai):
     assert calls[0].function.arguments == r.choices[0].message.tool_calls[0].function.arguments
 
 
+@pytest.mark.real
 def test_parallel_required_may_give_several_calls(oai):
     r = oai.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required",
                                     parallel_tool_calls=True, max_tokens=96, temperature=0)
@@ -270,6 +273,7 @@ def test_parallel_required_may_give_several_calls(oai):
         _check_call(call)
 
 
+@pytest.mark.real
 def test_round_trip_with_a_tool_message(oai, server):
     r = oai.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required",
                                     max_tokens=64, temperature=0)
@@ -284,6 +288,7 @@ def test_round_trip_with_a_tool_message(oai, server):
     assert '"name": "get_time"' in prompt  # the tools went to the template
 
 
+@pytest.mark.real
 def test_tool_choice_none_renders_no_tools_and_parses_no_calls(server):
     c, _ = server
     body = {"messages": ASK, "tools": TOOLS, "tool_choice": "none", "max_tokens": 4, "temperature": 0}
@@ -292,6 +297,7 @@ def test_tool_choice_none_renders_no_tools_and_parses_no_calls(server):
     assert "tool_calls" not in r["choices"][0]["message"] and r["choices"][0]["finish_reason"] != "tool_calls"
 
 
+@pytest.mark.real
 def test_http_400s(server):
     c, eng = server
     r = c.post("/v1/chat/completions", json={"messages": ASK, "tools": [{"function": {}}]})
@@ -313,6 +319,7 @@ TREE = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties
     "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}}, "required": ["v"]}}}
 
 
+@pytest.mark.real
 def test_forced_call_of_a_tool_with_defs(server):
     """``#/$defs/...`` in a tool's parameters resolves once the parameters sit under ``arguments`` (issue 36)."""
     c, eng = server
@@ -324,6 +331,7 @@ def test_forced_call_of_a_tool_with_defs(server):
     assert isinstance(args["place"]["city"], str)
 
 
+@pytest.mark.real
 def test_ref_cycles_are_400_and_recursive_schemas_generate(server):
     c, eng = server
     cyc_tool = [{"type": "function", "function": {"name": "f", "parameters": CYCLE}}]
@@ -342,6 +350,7 @@ def test_ref_cycles_are_400_and_recursive_schemas_generate(server):
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.real
 def test_auto_parses_a_hermes_call_with_text_before_it_stream_and_not(server):
     """``tool_choice`` auto: the model's own ``<tool_call>`` (a grammar makes SmolLM2 write one) is parsed."""
     c, _ = server
@@ -367,6 +376,7 @@ def test_auto_parses_a_hermes_call_with_text_before_it_stream_and_not(server):
     assert any(d.get("logprobs") for d in deltas[:first_call])
 
 
+@pytest.mark.real
 def test_named_function_grammar_is_that_tools_call_only(server):
     """``tool_choice`` ``{"type": "function", "function": {"name"}}``: the grammar of that tool's call alone (its
     name a constant, its parameters' schema), not of any other tool (llama-server reads the object as "auto")."""
@@ -382,6 +392,7 @@ def test_named_function_grammar_is_that_tools_call_only(server):
     assert "get_time" in required["__verbose"]["generation_settings"]["grammar"]
 
 
+@pytest.mark.real
 def test_unknown_named_function_is_a_400_naming_it(oai):
     openai = pytest.importorskip("openai")
     with pytest.raises(openai.BadRequestError) as e:
@@ -391,6 +402,7 @@ def test_unknown_named_function_is_a_400_naming_it(oai):
     assert "tool_choice.function.name" in msg and '"get_wether"' in msg and "get_weather, get_time" in msg, msg
 
 
+@pytest.mark.real
 def test_tools_need_jinja(server):  # last: its app's shutdown closes the shared engine
     from starlette.testclient import TestClient
 

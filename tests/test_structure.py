@@ -304,3 +304,22 @@ def test_every_section_number_is_in_the_architecture_table():
             cited.setdefault("§" + sec, str(path.relative_to(ROOT)))
     missing = {s: f for s, f in cited.items() if s not in rows}
     assert rows and not missing, f"section numbers cited without a row in docs/architecture.md: {missing}"
+
+
+def test_a_real_model_in_an_unmarked_test_fails():
+    """helpers.real_model() fails a test that lacks @pytest.mark.real (so -m 'not real' fetches nothing)."""
+    import helpers
+
+    class Item:
+        nodeid = "tests/test_x.py::test_y"
+
+        def get_closest_marker(self, name):
+            return None
+
+    saved = helpers.CURRENT_TEST[0]
+    helpers.CURRENT_TEST[0] = Item()
+    try:
+        with pytest.raises(pytest.fail.Exception, match="without @pytest.mark.real"):
+            helpers.real_model("smollm2-135m-q4_1")
+    finally:
+        helpers.CURRENT_TEST[0] = saved
