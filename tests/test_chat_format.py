@@ -106,6 +106,7 @@ def _body(**kw):
             "response_format": {"type": "json_schema", "json_schema": {"name": "user", "schema": USER}}, **kw}
 
 
+@pytest.mark.real
 def test_fenced_output_gives_the_json_whole_and_streamed(engine):
     c = _client(engine)
     r = c.post("/v1/chat/completions", json=_body()).json()
@@ -131,6 +132,7 @@ def test_fenced_output_gives_the_json_whole_and_streamed(engine):
     assert isinstance(parsed, User) and parsed.name
 
 
+@pytest.mark.real
 def test_no_jinja_keeps_the_schemas_grammar_and_the_text(engine):
     c = _client(engine, chat_template="chatml", jinja=False)
     r = c.post("/v1/chat/completions", json=_body()).json()

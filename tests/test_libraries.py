@@ -144,7 +144,8 @@ def test_llm_cli(server, tmp_path):
 
     def llm(*args):
         r = subprocess.run([sys.executable, "-m", "llm", "-m", "local", "--no-log", "-o", "temperature", "0",
-                            "-o", "max_tokens", "48", *args], capture_output=True, text=True, env=env, timeout=300)
+                            "-o", "max_tokens", "48", *args], capture_output=True, text=True, env=env, timeout=300,
+                           stdin=subprocess.DEVNULL)  # llm appends whatever stdin holds to the prompt
         assert r.returncode == 0, r.stderr
         return r.stdout
 

@@ -72,6 +72,7 @@ def _health_watch(url: str):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "<|im_end|>" * 90_000}], "max_tokens": 1}),
     ("/v1/responses", {"input": [{"role": "user", "content": "hi"}] * 100_000, "max_output_tokens": 1}),
 ], ids=["completion", "oai-completions", "chat", "responses-100k-messages"])
+@pytest.mark.real
 def test_special_token_texts_bounded_before_tokenising(srv, http, path, body):
     with _health_watch(srv.url) as health:
         t0 = time.monotonic()
@@ -91,6 +92,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+@pytest.mark.real
 def test_abandoned_work_stops(srv, http):
     """/tokenize with_pieces of a million astral characters (4M tokens: some 15 s of a worker thread here): the
     client closes its socket after a second; the server logs that it stopped the work and its CPU goes idle,
@@ -114,6 +116,7 @@ def test_abandoned_work_stops(srv, http):
     assert http.post("/tokenize", json={"content": "hi"}).json()["tokens"]
 
 
+@pytest.mark.real
 def test_tokenize_answers_when_the_client_stays(http):
     """The flag is set only by a disconnect: a client that waits gets the whole answer."""
     r = http.post("/tokenize", json={"content": "\U0001d54f" * 20_000, "with_pieces": True})
