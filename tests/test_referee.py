@@ -159,3 +159,13 @@ def test_auto_chain_arms_leave_ngram_out_of_the_model_arm():
     chain.use_arm("all")
     assert chain.drafting_impls()[0] is ngram
     assert AutoChain(NgramLookup(1), None, n_seq=1).arms == ("spec",)
+
+
+def test_a_new_batch_size_is_measured_plainly_within_its_first_rounds():
+    """8 slots of a short request last ~15 rounds: the plain reference of a batch size comes after
+    ``probe_first`` speculative rounds, so speculation that loses there is stopped while the request lasts."""
+    ref = Referee()
+    chose = drive(ref, 15, spec_tokens=1.2, spec_s=0.02, plain_s=0.01, n_gen=8)   # loses: 60 tok/s vs 100
+    assert False in chose[:8]                       # measured plainly by round 8 (was round 13)
+    assert ref.ratio(8) is not None and ref.ratio(8) < 0.9
+    assert not any(chose[7:11]) and ref.n_fallbacks == 1   # and fallen back at once, not after the request
