@@ -99,7 +99,8 @@ class Stepper:
 
     @property
     def threaded(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """A background thread runs the steps (one told to stop, still finishing its step, does not)."""
+        return self._thread is not None and self._thread.is_alive() and not self._stop
 
     def wait(self, has_output: Callable[[], bool], timeout: float | None) -> bool:
         """Make progress until ``has_output()``: run a step when no other thread is, else wait for one.
@@ -133,9 +134,13 @@ class Stepper:
                 return False
 
     def start(self) -> None:
-        """Run steps in a background thread while there is work (idempotent)."""
-        if self.threaded:
-            return
+        """Run steps in a background thread while there is work (idempotent). A thread that :meth:`stop`
+        left finishing a long step is waited for first: there is never a second one."""
+        t = self._thread
+        if t is not None and t.is_alive():
+            if not self._stop:
+                return
+            t.join()  # it was told to stop and ends after its step: then a fresh one starts
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="llamaspec-engine", daemon=True)
         self._thread.start()
@@ -147,7 +152,8 @@ class Stepper:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout)
-        self._thread = None
+        if t is None or not t.is_alive():  # (a thread still in its step is kept: start() waits for it)
+            self._thread = None
 
     @property
     def has_thread(self) -> bool:

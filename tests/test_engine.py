@@ -176,3 +176,30 @@ def test_real_stop_string_and_eog():
         chat = apply_chat_template(eng.model, [{"role": "user", "content": "Say hi."}])
         res = eng.generate(eng.tokenize(chat, parse_special=True), n_predict=200)
         assert res.finish_reason is FinishReason.STOP  # EOG reached
+
+
+def test_stop_with_a_step_under_way_never_leaves_two_engine_threads():
+    """Stepper.stop(timeout) during a long step keeps the thread (it ends after its step); start() then waits
+    for it instead of starting a second one beside it (review: 'Stepper.stop forgets a live thread')."""
+    import threading
+
+    from llamaspec.stepper import Stepper
+
+    gate, steps, inside = threading.Event(), [], threading.Event()
+
+    def step():
+        inside.set()
+        gate.wait(5)
+        steps.append(threading.current_thread().ident)
+
+    st = Stepper(step, has_work=lambda: len(steps) < 3, is_closed=lambda: False)
+    st.start()
+    assert inside.wait(5)
+    st.stop(timeout=0.05)                           # the step is still under way
+    assert not st.threaded and st.has_thread
+    threading.Timer(0.2, gate.set).start()
+    st.start()                                      # waits for the old thread, then one fresh thread
+    alive = [t for t in threading.enumerate() if t.name == "llamaspec-engine"]
+    assert len(alive) == 1
+    st.stop()
+    assert not st.has_thread
