@@ -2,7 +2,7 @@
 """How much of the trace benchmark's ``n4`` choices a drafter could predict, from a choice's own text and from
 its sibling choices' (no timing: what the text allows, not what a policy gets).
 
-The ``n4`` steps of ``llamaspec/bench/trace_sessions.py`` (one prompt, four sampled choices, their seeds and
+The ``n4`` steps of ``benchmarks/trace_sessions.py`` (one prompt, four sampled choices, their seeds and
 temperature) run through one Engine (top_k 40, top_p 0.95, as the trace's requests). For every position of
 every choice, the drafter guess is the token that followed the latest earlier occurrence of the last
 ``--order`` tokens: first in the choice's own prompt + text so far, then (``siblings``) in the other choices'
@@ -50,7 +50,7 @@ def hit_rates(prompt: list[int], outs: list[list[int]], order: int) -> dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     from llamaspec import _llama as llama
-    from llamaspec.bench.trace_sessions import TRACES
+    from benchmarks.trace_sessions import TRACES
     from llamaspec.cli._common import resolve_model_arg
     from llamaspec.engine import Engine
 

@@ -1,10 +1,16 @@
 """Shared pytest fixtures."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
+
+# the repository's research benchmarks (benchmarks/, not in the wheel) import as `benchmarks`
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.append(_ROOT)
 
 from llamaspec._llama.lcp import llama_without_extra_buffers
 from llamaspec.testing.tiny_models import make_all

@@ -1,5 +1,5 @@
-"""The copy-heavy set against llama-cpp-python's prompt lookup (issue 25, ``llamaspec bench --copy-set``:
-llamaspec/bench/copy_set.py): the set's split, the per-prompt summary, and a smoke run on the tiny model."""
+"""The copy-heavy set against llama-cpp-python's prompt lookup (issue 25, ``python -m benchmarks.research --copy-set``:
+benchmarks/copy_set.py): the set's split, the per-prompt summary, and a smoke run on the tiny model."""
 from __future__ import annotations
 
 import doctest
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from llamaspec.bench import copy_set as C
+from benchmarks import copy_set as C
 from llamaspec.errors import UsageError
 
 
@@ -54,10 +54,10 @@ def test_summary_takes_the_best_lookup_setting_per_prompt():
 def test_copy_set_smoke(tiny_model, tmp_path):
     from click.testing import CliRunner
 
-    from llamaspec.cli.main import main
+    from benchmarks.research import command
 
     js, md = tmp_path / "c.json", tmp_path / "c.md"
-    r = CliRunner().invoke(main, ["bench", "--copy-set", "-m", str(tiny_model("llama")), "--copy-format", "plain",
+    r = CliRunner().invoke(command(), ["--copy-set", "-m", str(tiny_model("llama")), "--copy-format", "plain",
                                   "--limit", "2", "-n", "8", "--repeats", "1", "-t", "1", "--no-progress",
                                   "--json", str(js), "--markdown", str(md)], catch_exceptions=False)
     assert r.exit_code == 0, r.output

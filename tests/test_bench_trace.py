@@ -1,4 +1,4 @@
-"""The trace benchmark (issue 25, ``llamaspec bench --trace``: llamaspec/bench/trace*.py): its worked examples, and
+"""The trace benchmark (issue 25, ``python -m benchmarks.research --trace``: benchmarks/trace*.py): its worked examples, and
 a smoke run on the tiny model, end to end over HTTP (llamaspec serve with and without speculation, and llama-server
 --spec-default / ngram-mod when it is built)."""
 from __future__ import annotations
@@ -12,15 +12,15 @@ import pytest
 from llamaspec.errors import UsageError
 
 
-@pytest.mark.parametrize("name", ["llamaspec.bench.trace", "llamaspec.bench.trace_report", "llamaspec.bench.trace_sessions"])
+@pytest.mark.parametrize("name", ["benchmarks.trace", "benchmarks.trace_report", "benchmarks.trace_sessions"])
 def test_doctests(name):
     res = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert res.failed == 0 and res.attempted > 0
 
 
 def test_variants_and_targets():
-    from llamaspec.bench.trace import NGRAM_MOD_DOC, VARIANTS, parse_variants
-    from llamaspec.bench.trace_report import summarise
+    from benchmarks.trace import NGRAM_MOD_DOC, VARIANTS, parse_variants
+    from benchmarks.trace_report import summarise
 
     # llama.cpp's docs/speculative.md sample: --spec-ngram-mod-n-match 24 --spec-ngram-mod-n-min 48 --spec-ngram-mod-n-max 64
     assert NGRAM_MOD_DOC == (24, 48, 64)
@@ -45,11 +45,11 @@ def test_trace_bench_smoke(tiny_model, tmp_path):
     from click.testing import CliRunner
 
     from llamaspec.bench.native import SERVER, find_tool
-    from llamaspec.cli.main import main
+    from benchmarks.research import command
 
     variants = "ls-plain,ls-defaults" + (",native-plain,native-ngram-mod" if find_tool(SERVER) is not None else "")
     out_json, out_md = tmp_path / "t.json", tmp_path / "t.md"
-    r = CliRunner().invoke(main, ["bench", "--trace", "-m", str(tiny_model("llama")), "--trace-variants", variants,
+    r = CliRunner().invoke(command(), ["--trace", "-m", str(tiny_model("llama")), "--trace-variants", variants,
                                   "--traces", "chat-regenerate,free", "--turns", "2", "-n", "12", "--repeats", "1",
                                   "--trace-restart", "server", "-c", "1024", "--trace-scale", "0.1", "--exact", "-t", "1",
                                   "--json", str(out_json), "--markdown", str(out_md)], catch_exceptions=False)

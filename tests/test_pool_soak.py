@@ -1,8 +1,8 @@
-"""The shared n-gram pool stays under its bound over many requests (issue 25; llamaspec/bench/pool_soak.py, the quick
-version of ``llamaspec bench --pool-soak``): 200 requests on the tiny model with a 600-token bound."""
+"""The shared n-gram pool stays under its bound over many requests (issue 25; benchmarks/pool_soak.py, the quick
+version of ``python -m benchmarks.research --pool-soak``): 200 requests on the tiny model with a 600-token bound."""
 from __future__ import annotations
 
-from llamaspec.bench.pool_soak import check_pool, pool_bytes, run_soak
+from benchmarks.pool_soak import check_pool, pool_bytes, run_soak
 from llamaspec.drafters.ngram_pool import SharedPool
 
 

@@ -205,11 +205,10 @@ def test_python_dash_m_llamaspec_runs():
 
 
 #: dev-only modules: they serve tests/ and scripts/ and live in tests/support (llamaspec.testing keeps the tiny
-#: models ``llamaspec bench --quick`` runs on: tiny_models, tiny_arch). llamaspec/bench/'s trace*, copy_set,
-#: pool_soak and server_variants stay: they back the documented ``bench --trace / --copy-set / --pool-soak /
-#: --server`` modes.
+#: models ``llamaspec bench --quick`` runs on: tiny_models, tiny_arch); the research benchmarks (trace*, copy_set,
+#: pool_soak) live in benchmarks/ (python -m benchmarks.research). server_variants stays: it backs bench --server.
 DEV_ONLY = {"faults", "fim", "load_client", "load_mix", "load_run", "openapi_fuzz", "rpc_servers", "tiny_eagle",
-            "tiny_mtp"}
+            "tiny_mtp", "trace", "trace_report", "trace_sessions", "copy_set", "pool_soak", "bench_extra"}
 #: top-level names of what does not ship: the package must never import them
 UNSHIPPED = {"tests", "support", "benchmarks", "scripts", "conftest", "helpers"}
 

@@ -8,11 +8,13 @@ import tempfile
 import click
 
 from ._common import check_output_path, err_console, handle_errors, resolve_model_arg
-from .bench_extra import extra_options, pop_extra_options, run_extra
 from .device_options import device_options, pop_device_options
 
 DEFAULT_MODES = "plain,draft-simple,ngram-mod,ngram-simple,ngram-map-k,lookup"
 DEFAULT_ENGINES = "llamaspec,native,llama-cpp-python"
+#: the research modes (--trace, --copy-set, --pool-soak) when run from a clone: benchmarks/research.py sets it
+#: (the package ships without them and never imports that folder)
+RESEARCH = None
 QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 
 
@@ -86,7 +88,6 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--load-model", default=None, help="Model the --load-decode processes decode (default: the target).")
 @click.option("--load-threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="Threads of each --load-decode process.")
-@extra_options
 @handle_errors
 def bench(quick, server_mode, clients, requests_per_client, sweep, server_variants, n_parallel, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
           flash_attn, seed, spec_draft_n_max, spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol,
@@ -105,7 +106,8 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
     from llamaspec.params import SpecParams
 
     dev = pop_device_options(ngram_kw)  # -ngl -ngld -mg -sm -ts -t -tb -td, the same for every engine
-    extra = pop_extra_options(ngram_kw)  # --trace / --copy-set / --pool-soak (issue 25: llamaspec/cli/bench_extra.py)
+    # --trace / --copy-set / --pool-soak: research modes, from a clone (python -m benchmarks.research)
+    extra = RESEARCH.pop_extra_options(ngram_kw) if RESEARCH is not None else {}
     server_mode = server_mode or sweep  # the sweep is a server benchmark
     if server_variants and not server_mode:
         raise UsageError("--server-variants compares servers: add --server (or --sweep)")
@@ -139,8 +141,8 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
     def given(name: str) -> bool:
         return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
 
-    if any(extra[m] for m in ("trace", "copy_set", "pool_soak")):
-        return run_extra(extra, given, pair=pair, model=model, draft_model=draft_model, cache_dir=cache_dir,
+    if any(extra.get(m) for m in ("trace", "copy_set", "pool_soak")):
+        return RESEARCH.run_extra(extra, given, pair=pair, model=model, draft_model=draft_model, cache_dir=cache_dir,
                          n_predict=n_predict, repeats=repeats, ctx_size=ctx_size, n_parallel=n_parallel, dev=dev,
                          native_dir=native_dir, json_path=json_path, md_path=md_path, near_tie_tol=near_tie_tol,
                          no_progress=no_progress, limit=limit, run_with_progress=_run_with_progress)

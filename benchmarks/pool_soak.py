@@ -1,4 +1,4 @@
-"""Soak of the shared n-gram pool's memory (issue 25, ``llamaspec bench --pool-soak``).
+"""Soak of the shared n-gram pool's memory (issue 25, ``python -m benchmarks.research --pool-soak``).
 
 Many requests (1,000 by default) go through one :class:`~llamaspec.engine.Engine` with llamaspec's defaults
 without a draft model (``auto``: ngram-lookup and the shared pool, :mod:`llamaspec.drafters.ngram_pool`) and a
@@ -81,10 +81,10 @@ def _find_pool(engine):
 def run_soak(model: str, *, n_requests: int = 1000, pool_tokens: int = 16384, n_parallel: int = 4, n_predict: int = 16,
              n_ctx: int = 2048, threads: int = 0, seed: int = 7, bytes_every: int = 10, exact: bool = False,
              progress: Callable[[str], None] = lambda s: None) -> dict:
-    from .. import _llama as llama
-    from ..engine import Engine
-    from ..options import RequestOptions
-    from ..params import SpecParams
+    from llamaspec import _llama as llama
+    from llamaspec.engine import Engine
+    from llamaspec.options import RequestOptions
+    from llamaspec.params import SpecParams
 
     spec = SpecParams()
     spec.add_types("auto")
@@ -169,7 +169,7 @@ def render_soak_markdown(r: dict, command: str | None = None) -> str:
     hi, end = r["high_water"], r["end"]
     return "\n".join([
         "# Shared n-gram pool: memory over a soak (issue 25)", "",
-        f"- command: `{command or 'llamaspec bench --pool-soak'}`; {r['duration_s'] / 60:.1f} min",
+        f"- command: `{command or 'python -m benchmarks.research --pool-soak'}`; {r['duration_s'] / 60:.1f} min",
         f"- model `{r['model']}`, {r['n_requests']} requests ({r['n_cancelled']} cancelled, {r['n_failed']} failed), "
         f"{r['n_predict']} tokens each, {r['n_parallel']} slots of {r['n_ctx_seq']} tokens, pool budget "
         f"{r['pool_tokens']} tokens (finished requests) + live bound {r['live_bound_tokens']}",

@@ -1,4 +1,4 @@
-"""The copy-heavy prompt set against llama-cpp-python's prompt lookup (issue 25, ``llamaspec bench --copy-set``).
+"""The copy-heavy prompt set against llama-cpp-python's prompt lookup (issue 25, ``python -m benchmarks.research --copy-set``).
 
 The set (``data/copy-set.jsonl``, 16 prompts of 8 kinds: lists with alternating items, list edits, renames of a
 local name and of a function or class in code, one token changed in one of many similar lines, JSON / table
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import UsageError
-from .prompts import Prompt
+from llamaspec.errors import UsageError
+from llamaspec.bench.prompts import Prompt
 
 __all__ = ["DATA", "LOOKUP_NS", "CopyPrompt", "load_copy_set", "render_prompts", "modes_for", "summarise_copy",
            "render_copy_markdown", "probe_plain_tps", "TARGET_MIN", "TARGET_MEDIAN"]
@@ -106,8 +106,8 @@ def render_prompts(items: Sequence[CopyPrompt], target: str, fmt: str = "auto") 
         raise UsageError(f"--copy-format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     if fmt == "plain":
         return [Prompt(x.id, x.category, x.prompt) for x in items], fmt
-    from .. import _llama as llama
-    from ..chat import apply_chat_template
+    from llamaspec import _llama as llama
+    from llamaspec.chat import apply_chat_template
 
     with llama.Model(target, vocab_only=True) as m:
         has_template, arch = m.chat_template() is not None, m.arch
@@ -133,8 +133,8 @@ def modes_for(lookup_ns: Sequence[int]) -> list[str]:
 
 def probe_plain_tps(target: str, threads: int, n_ctx: int, prompt: str, n: int = 32) -> float:
     """Plain greedy decode tokens/s on ``prompt`` (for the runtime estimate printed up front)."""
-    from .. import _llama as llama
-    from ..engine import Engine
+    from llamaspec import _llama as llama
+    from llamaspec.engine import Engine
 
     with llama.Model(target) as m, Engine(m, n_ctx=n_ctx, n_threads=threads or None, flash_attn=True) as e:
         r = e.generate(e.tokenize(prompt, parse_special=True), n_predict=n, sampling=llama.SamplingParams(temp=0.0))
@@ -192,7 +192,7 @@ def render_copy_markdown(report: dict) -> str:
     lines = ["# Copy-heavy prompts: llamaspec against llama-cpp-python's prompt lookup (issue 25)", "",
              f"- date: {report['created']}, duration {report['duration_s'] / 60:.1f} min"
              + (f" (estimated up front: at most {fmt_duration(est['estimate_s'])})" if est else ""),
-             f"- command: `{report.get('command') or 'llamaspec bench --copy-set'}`",
+             f"- command: `{report.get('command') or 'python -m benchmarks.research --copy-set'}`",
              f"- model `{s['target']}`, {s['n_prompts']} prompts ({cs['file']}, half: {cs['half']}, "
              f"format: {cs['format']}), {s['n_predict']} tokens, {s['repeats']} repeat(s), greedy, {s['threads']} threads, "
              f"context {s['n_ctx']}, flash attention {'on' if s['flash_attn'] else 'off'}",

@@ -1,6 +1,11 @@
-"""The issue-25 modes of ``llamaspec bench``: ``--trace`` (multi-turn sessions against running servers),
+"""Research benchmarks (issue 25), outside the wheel: ``--trace`` (multi-turn sessions against running servers),
 ``--copy-set`` (the copy-heavy prompt set against llama-cpp-python's prompt lookup) and ``--pool-soak`` (the
-shared n-gram pool's memory over many requests). Their options, and the dispatch from ``bench``."""
+shared n-gram pool's memory over many requests), run from a clone as ``llamaspec bench`` with one more mode:
+
+    python -m benchmarks.research --trace -m gemma3-270m-f32 -n 64 --repeats 2 --json trace.json
+
+Every option of ``llamaspec bench`` is taken (the same command, with these modes' options added); the package
+does not import this folder (``llamaspec.cli.bench.RESEARCH`` is set here)."""
 from __future__ import annotations
 
 import shlex
@@ -8,7 +13,7 @@ import sys
 
 import click
 
-from ._common import err_console
+from llamaspec.cli._common import err_console
 
 MODES = ("trace", "copy_set", "pool_soak")
 
@@ -16,7 +21,7 @@ _OPTIONS = [
     click.option("--trace", is_flag=True,
                  help="Trace mode: multi-turn sessions (edit loop, chat with regenerate, shared document, n=4, free "
                       "text) replayed against llamaspec serve and llama-server over HTTP, no draft model; tokens/s per "
-                      "trace and variant, ratios to plain and to llama-server's best (llamaspec/bench/trace.py)."),
+                      "trace and variant, ratios to plain and to llama-server's best (benchmarks/trace.py)."),
     click.option("--traces", "trace_names", default=None, help="Trace mode: comma list of traces (default: all)."),
     click.option("--trace-variants", default=None,
                  help="Trace mode: comma list of ls-plain, ls-defaults, ls-nopool, native-plain, native-spec-default, "
@@ -29,7 +34,7 @@ _OPTIONS = [
     click.option("--exact", is_flag=True,
                  help="Trace / soak: flash attention off and an F32 KV cache (greedy outputs comparable across runs)."),
     click.option("--copy-set", is_flag=True,
-                 help="Copy-set mode: the copy-heavy prompt set (llamaspec/bench/data/copy-set.jsonl) with llama_cpp.Llama "
+                 help="Copy-set mode: the copy-heavy prompt set (benchmarks/data/copy-set.jsonl) with llama_cpp.Llama "
                       "plain and with prompt lookup (--lookup-n), and llamaspec's defaults without a draft model, "
                       "interleaved, greedy; per prompt and half, llamaspec over the best prompt-lookup setting."),
     click.option("--copy-file", default=None, help="Copy-set mode: another copy-set JSONL (id, half, user[, prompt])."),
@@ -58,17 +63,17 @@ def extra_options(f):
 def pop_extra_options(kw: dict) -> dict:
     names = ("trace", "trace_names", "trace_variants", "turns", "trace_restart", "trace_scale", "exact", "copy_set",
              "copy_file", "copy_half", "copy_format", "lookup_n", "pool_soak", "soak_requests", "soak_pool_tokens")
-    return {n: kw.pop(n) for n in names}
+    return {n: kw.pop(n, None) for n in names}  # (absent from the plain bench command)
 
 
 def _command() -> str | None:
-    return "llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None
+    return "python -m benchmarks.research " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
 def _target(pair, model, draft_model, cache_dir, default: str) -> tuple[str, str]:
     from llamaspec.errors import UsageError
 
-    from ._common import resolve_model_arg
+    from llamaspec.cli._common import resolve_model_arg
 
     if draft_model:
         raise UsageError("--trace / --copy-set / --pool-soak run without a draft model: drop -md")
@@ -94,9 +99,9 @@ def run_extra(x: dict, given, *, pair, model, draft_model, cache_dir, n_predict,
     threads = dev["n_threads"] or 0
     say = (lambda t: err_console.print(f"[dim]{t}[/]", highlight=False))
     if mode == "trace":
-        from llamaspec.bench.trace import DEFAULT_VARIANTS, TraceConfig, run_traces
-        from llamaspec.bench.trace_report import render_markdown
-        from llamaspec.bench.trace_sessions import TRACES
+        from benchmarks.trace import DEFAULT_VARIANTS, TraceConfig, run_traces
+        from benchmarks.trace_report import render_markdown
+        from benchmarks.trace_sessions import TRACES
 
         name, path = _target(pair, model, draft_model, cache_dir, "gemma3-270m-f32")
         cfg = TraceConfig(model=str(path), model_name=name,
@@ -112,8 +117,8 @@ def run_extra(x: dict, given, *, pair, model, draft_model, cache_dir, n_predict,
                                n_predict=n_predict, repeats=repeats, ctx_size=ctx_size, threads=threads, dev=dev,
                                near_tie_tol=near_tie_tol, no_progress=no_progress, limit=limit, run=run_with_progress)
     else:
-        from llamaspec.bench.copy_set import fmt_duration, probe_plain_tps
-        from llamaspec.bench.pool_soak import render_soak_markdown, run_soak
+        from benchmarks.copy_set import fmt_duration, probe_plain_tps
+        from benchmarks.pool_soak import render_soak_markdown, run_soak
 
         name, path = _target(pair, model, draft_model, cache_dir, "smollm2-135m-q4_1")
         n = n_predict if given("n_predict") else 16
@@ -140,7 +145,7 @@ def run_extra(x: dict, given, *, pair, model, draft_model, cache_dir, n_predict,
 def _copy_set(x, given, say, *, pair, model, draft_model, cache_dir, n_predict, repeats, ctx_size, threads, dev,
               near_tie_tol, no_progress, limit, run) -> tuple[dict, str]:
     from llamaspec.bench import BenchConfig, parse_modes, run_benchmark
-    from llamaspec.bench.copy_set import (estimate_s, fmt_duration, load_copy_set, modes_for, probe_plain_tps, render_copy_markdown,
+    from benchmarks.copy_set import (estimate_s, fmt_duration, load_copy_set, modes_for, probe_plain_tps, render_copy_markdown,
                                           render_prompts, summarise_copy)
     from llamaspec.errors import UsageError
     from llamaspec.params import SpecParams
@@ -169,7 +174,28 @@ def _copy_set(x, given, say, *, pair, model, draft_model, cache_dir, n_predict, 
                       command=_command())
     report = run(cfg, run_benchmark, no_progress)
     report["copy_set"] = summarise_copy(report, items)
-    report["copy_set"].update(file=x["copy_file"] or "llamaspec/bench/data/copy-set.jsonl", half=x["copy_half"],
+    report["copy_set"].update(file=x["copy_file"] or "benchmarks/data/copy-set.jsonl", half=x["copy_half"],
                               format=fmt,
                               estimate={"estimate_s": round(estimate_s(n_runs, n_predict, tps)), "plain_tps": round(tps, 2)})
     return report, render_copy_markdown(report)
+
+
+def command() -> click.Command:
+    """``llamaspec bench`` with the research modes' options, dispatching to :func:`run_extra`."""
+    import copy
+
+    from llamaspec.cli import bench as bench_cli
+
+    bench_cli.RESEARCH = sys.modules[__name__]
+    cmd = copy.copy(bench_cli.bench)
+    cmd.params = list(cmd.params)  # (the options below go to this copy only)
+    cmd.name = "research"
+    return extra_options(cmd)
+
+
+def main() -> None:
+    command()(prog_name="python -m benchmarks.research")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""Trace benchmark (issue 25, ``llamaspec bench --trace``): multi-turn sessions replayed against running
+"""Trace benchmark (issue 25, ``python -m benchmarks.research --trace``): multi-turn sessions replayed against running
 servers over HTTP, tokens/s per trace and server setting.
 
 The sessions (edit loop, chat with regenerate, shared document, ``n = 4``, free text) are in
@@ -36,9 +36,9 @@ import urllib.error
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import LlamaSpecError, UsageError
-from .native import LOOPBACK, SERVER, _http, find_tool
-from .server_mode import HttpServer
+from llamaspec.errors import LlamaSpecError, UsageError
+from llamaspec.bench.native import LOOPBACK, SERVER, _http, find_tool
+from llamaspec.bench.server_mode import HttpServer
 from .trace_sessions import FREE, SCALE, TRACES, Step, chat, requests_per_trace
 
 __all__ = ["VARIANTS", "DEFAULT_VARIANTS", "TraceConfig", "TraceVariant", "parse_variants", "plan", "run_traces"]

@@ -81,7 +81,7 @@ def render_markdown(report: dict) -> str:
     lines = ["# Trace benchmark (issue 25)", "",
              f"- date: {report['date']}, duration {report.get('duration_s', 0) / 60:.1f} min"
              + (f" (estimated up front: {fmt_duration(est['estimate_s'])})" if est else ""),
-             f"- command: `{report.get('command') or 'llamaspec bench --trace'}`",
+             f"- command: `{report.get('command') or 'python -m benchmarks.research --trace'}`",
              f"- model `{cfg.get('model_name') or cfg['model']}`, no draft model; {cfg['n_predict']} tokens per request, "
              f"{cfg['turns']} turns, {cfg['repeats']} repeat(s), -np {cfg['n_parallel']}, -c {cfg['n_ctx']}"
              + (f", -t {cfg['threads']}" if cfg.get("threads") else "")
