@@ -212,14 +212,10 @@ def serve(ctx, model, pair, model_url, hf_repo, hf_file, hf_token, hf_repo_draft
                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                       sampling_extra=sampler_extra(ctx)))
 
-    import inspect
-
-    extra = {"cache_prompt": cache_prompt} if "cache_prompt" in inspect.signature(Engine).parameters else {}
-
     def load():
         return Engine(path, draft=dpath, spec=spec, verify=verify, n_ctx=n_ctx, n_batch=batch_size,
                       n_ubatch=ubatch_size, n_parallel=n_parallel, flash_attn=fa, kv_f32=kv_f32,
-                      context_shift=context_shift, **extra, **device)
+                      context_shift=context_shift, cache_prompt=cache_prompt, **device)
 
     def ready(state, url: str) -> None:
         eng = state.engine

@@ -32,12 +32,9 @@ from typing import TYPE_CHECKING, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from .cors_proxy import cors_proxy
-from .errors import ApiError
 from .infill import infill
 from .middleware import EXCEPTION_HANDLERS, HEALTH, PUBLIC, CorsMiddleware, GuardMiddleware, PrefixMiddleware
 from .openapi import OPENAPI_PATH, openapi
@@ -66,12 +63,6 @@ if TYPE_CHECKING:  # pragma: no cover
 # ServerConfig, ServerState (state.py), the handlers and submit (routes.py), GuardMiddleware, HEALTH and PUBLIC
 # (middleware.py) are importable from here as before the split
 __all__ = ["create_app", "ServerConfig", "ServerState", "GuardMiddleware", "HEALTH", "PUBLIC", "submit"]
-
-
-async def _api_error(request: HttpRequest, exc: Exception):
-    """An :class:`ApiError` with its headers (``Retry-After`` when the queue is full)."""
-    assert isinstance(exc, ApiError)
-    return JSONResponse(exc.to_dict(), status_code=exc.code, headers=exc.headers)
 
 
 def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = None) -> Starlette:
@@ -119,7 +110,7 @@ def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = No
             Middleware(CorsMiddleware, state=state),
             Middleware(GuardMiddleware, state=state),
         ],
-        exception_handlers={**EXCEPTION_HANDLERS, ApiError: _api_error},
+        exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
     app.state.llamaspec = state

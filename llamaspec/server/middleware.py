@@ -143,8 +143,9 @@ class PrefixMiddleware:
 
 
 async def _api_error_handler(request: HttpRequest, exc: Exception):
+    """An :class:`ApiError` with its headers (``Retry-After`` when the queue is full)."""
     assert isinstance(exc, ApiError)
-    return JSONResponse(exc.to_dict(), status_code=exc.code)
+    return JSONResponse(exc.to_dict(), status_code=exc.code, headers=exc.headers)
 
 
 async def _http_error_handler(request: HttpRequest, exc: Exception):
