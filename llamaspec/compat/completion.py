@@ -17,9 +17,9 @@ end), ``logits_processor`` (on every row the target samples, drafted rows includ
 is read before and written after each completion with ``load_state`` / ``save_state``).
 
 ``suffix``: with a model that has fill-in-the-middle tokens the prompt is llama.cpp's infill layout
-(``[FIM_PRE] prompt [FIM_SUF] suffix [FIM_MID]``, suffix first with ``spm_infill=True``); without them the
-prompt is completed as it is and ``suffix`` appended to the text, which is what llama-cpp-python's code means
-to do (its own FIM token ids are placeholders in 0.3.36).
+(:func:`llamaspec.fim_layout.fim_body`: ``[FIM_PRE] prompt [FIM_SUF] suffix [FIM_MID]``, suffix first with
+``spm_infill=True``; untruncated, BOS / EOS around it as for any prompt); without them the prompt is completed
+as it is and ``suffix`` appended to the text, which is what llama-cpp-python's code means to do (its own FIM token ids are placeholders in 0.3.36).
 
 Each response also carries llamaspec's report of the request under ``"llamaspec"`` (what was drafted and
 accepted, timings), a key OpenAI-shaped consumers ignore.
@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import _llama as llama
 from .._llama import compat as lcp
+from ..fim_layout import fim_body
 from ..logprobs import ProbsSpec
 from ..options import RequestOptions, SamplerHooks
 from ..scheduler import common_prefix
@@ -65,8 +66,7 @@ def prompt_tokens(llm: Any, prompt: "str | Sequence[int]", suffix: "str | None" 
         pre = (vocab.tokenize(prompt, add_special=False, parse_special=False) if prompt else []) \
             if isinstance(prompt, str) else [int(t) for t in prompt]
         suf = vocab.tokenize(suffix, add_special=False, parse_special=False) if suffix else []
-        body = [fim[1]] + suf + [fim[0]] + pre if llm.spm_infill else [fim[0]] + pre + [fim[1]] + suf
-        toks = body + [fim[2]]
+        toks = fim_body(*fim, pre, suf, spm=llm.spm_infill)
     else:
         toks = vocab.tokenize(prompt, add_special=False, parse_special=True) if prompt else []
     if vocab.add_bos and vocab.bos != -1:  # llama.cpp's CLS token is its BOS

@@ -5,7 +5,8 @@ Body: ``input_prefix`` and ``input_suffix`` (strings, or lists of strings and to
 ``input_extra`` (optional: ``[{"filename": str, "text": str}]``, other files as context), ``prompt``
 (optional: text that continues the prefix), plus every ``/completion`` field (``n_predict``, ``temperature``,
 ``stream``, ``speculative.*``, ...). The prompt is laid out as llama-server's ``format_prompt_infill`` does
-(repository-level FIM, arXiv:2409.12186)::
+(repository-level FIM, arXiv:2409.12186; the FIM part is :func:`llamaspec.fim_layout.fim_body`, shared with the
+drop-in's ``suffix=``)::
 
     [FIM_REP]myproject\\n [FIM_SEP]filename\\n text ...  [FIM_SEP]filename\\n   (the extra context)
     [BOS] [FIM_PRE] prefix prompt [FIM_SUF] suffix [FIM_MID]            (--spm-infill: suffix part first)
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from starlette.requests import Request as HttpRequest
 
+from ..fim_layout import fim_body
 from .errors import invalid, not_supported
 from .limits import check_chars
 from .parsing import Body, GenParams
@@ -72,10 +74,9 @@ def fim_prompt(fim: "FimTokens", tokenize: Callable[[str], list[int]], *, prefix
     n_prefix = min(len(prefix), 3 * (n_batch // 4))
     n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
     n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(out))
-    head = [fim.pre, *prefix[len(prefix) - n_prefix:], *prompt]
-    tail = [fim.suf, *suffix[:n_suffix]]
-    first, last = (tail, head) if spm else (head, tail)
-    return [*out[len(out) - n_extra:], *([bos] if bos is not None else []), *first, *last, fim.mid]
+    body = fim_body(fim.pre, fim.suf, fim.mid, [*prefix[len(prefix) - n_prefix:], *prompt], suffix[:n_suffix],
+                    spm=spm)
+    return [*out[len(out) - n_extra:], *([bos] if bos is not None else []), *body]
 
 
 def _text_or_mixed(b: Body, key: str) -> list:
