@@ -138,18 +138,25 @@ def relative_mad(values: "list[float]") -> float | None:
 
 
 class _Bucket:
-    __slots__ = ("arms", "plain")
+    """One batch size's windows and its own speculate-or-not state: what pays alone may lose with 8 slots, and
+    a server's batch size comes and goes, so each size keeps what it decided until it comes back."""
 
-    def __init__(self, n: int, arms: "tuple[str, ...]"):
-        self.arms = {a: WindowRate(n) for a in arms}
-        self.plain = WindowRate(n)
+    __slots__ = ("arms", "plain", "state", "left", "probe_every", "retry", "first")
+
+    def __init__(self, p: RefereeParams, arms: "tuple[str, ...]"):
+        self.arms = {a: WindowRate(p.window) for a in arms}
+        self.plain = WindowRate(p.window)
+        #: a size never measured plainly gets its reference after ``probe_first`` speculative rounds
+        self.state, self.left = Referee.SPEC, p.probe_first
+        self.probe_every, self.retry, self.first = p.probe_every, p.retry, True
 
 
 class Referee:
     """The speculate-or-not decision of each round (module docstring). ``speculate(n_gen)`` before a round,
-    ``record(...)`` after it (rounds with prompt work are not recorded: their time is not the generation's).
-    ``arms``: the ways the chain speculates (the first is where it starts); :attr:`arm` is the one a speculative
-    round uses."""
+    ``record(...)`` after it (rounds with prompt work are not recorded: their time is not the generation's;
+    they follow :meth:`peek`). Each batch-size bucket keeps its own state (speculating, probing, plain,
+    retrying). ``arms``: the ways the chain speculates (the first is where it starts); :attr:`arm` is the one a
+    speculative round uses."""
 
     SPEC, PROBE_PLAIN, PLAIN, PROBE_SPEC, PROBE_ARM = "spec", "probe-plain", "plain", "probe-spec", "probe-arm"
 
@@ -166,12 +173,10 @@ class Referee:
         #: the arm speculative rounds use (the one probed during a probe of arms), and the one in charge
         self.arm = self.best_arm = self.arms[0]
         self._arm_left = self._arm_every = p.arm_every
+        self._arm_probe = False  # a probe of another arm is under way
         self.n_arm_switches = 0
-        self.state = self.SPEC
         self._buckets: dict[int, _Bucket] = {}
-        self._left = p.probe_every  # rounds left in the current state
-        self._probe_every = p.probe_every
-        self._retry = p.retry
+        self._last: _Bucket | None = None
         self._carry = 0.0  # time of rounds that emitted nothing, added to the next one
         #: counts: plain probes, fall-backs to plain, returns to speculation
         self.n_probes = 0
@@ -179,36 +184,49 @@ class Referee:
         self.n_returns = 0
         self.n_plain_rounds = 0  # rounds the referee made plain (probes and fall-back)
 
+    @property
+    def state(self) -> str:
+        """The state of the batch size judged last (a probe of another arm shows as ``probe-arm``)."""
+        if self._arm_probe:
+            return self.PROBE_ARM
+        return self._last.state if self._last is not None else self.SPEC
+
     def _bucket(self, n_gen: int) -> _Bucket:
         b = bucket(n_gen)
         bk = self._buckets.get(b)
         if bk is None:
-            bk = self._buckets[b] = _Bucket(self.p.window, self.arms)
+            bk = self._buckets[b] = _Bucket(self.p, self.arms)
         return bk
 
     # -- the decision ------------------------------------------------------------------------------
+    def peek(self, n_gen: int) -> bool:
+        """What this batch size decided, without counting a round (a round with prompt work: not timed)."""
+        bk = self._buckets.get(bucket(n_gen))
+        return bk is None or bk.state in (self.SPEC, self.PROBE_SPEC)
+
     def speculate(self, n_gen: int) -> bool:
         """Whether this round may speculate (the policies below still choose how far, or not at all)."""
-        if self.state == self.SPEC and (self._left <= 0 or self._unmeasured(n_gen)):
-            self.state, self._left = self.PROBE_PLAIN, self.p.probe_len
-        elif self.state == self.SPEC and self._arm_left <= 0 and len(self.arms) > 1:
-            self.state, self._arm_left = self.PROBE_ARM, self.p.probe_len_spec
+        bk = self._last = self._bucket(n_gen)
+        if self._arm_probe:
+            return True
+        if bk.state == self.SPEC and bk.left <= 0 and bk.first and len(bk.plain) >= 2:
+            bk.first, bk.left = False, bk.probe_every  # rounds that drafted nothing measured plain already
+        if bk.state == self.SPEC and bk.left <= 0:
+            bk.first, bk.state, bk.left = False, self.PROBE_PLAIN, self.p.probe_len
+        elif bk.state == self.SPEC and self._arm_left <= 0 and len(self.arms) > 1:
+            self._arm_probe, self._arm_left = True, self.p.probe_len_spec
             i = self.arms.index(self.best_arm)
             self.arm = self.arms[(i + 1) % len(self.arms)]  # the next arm in turn
-            self._bucket(n_gen).arms[self.arm].rounds.clear()
-        elif self.state == self.PLAIN and self._left <= 0:
-            self.state, self._left = self.PROBE_SPEC, self.p.probe_len_spec
+            bk.arms[self.arm].rounds.clear()
+            return True
+        elif bk.state == self.PLAIN and bk.left <= 0:
+            bk.state, bk.left = self.PROBE_SPEC, self.p.probe_len_spec
             # a retry is judged on what speculation delivers now, not on the rounds that made it fall back
-            self._bucket(n_gen).arms[self.best_arm].rounds.clear()
-        spec = self.state in (self.SPEC, self.PROBE_SPEC, self.PROBE_ARM)
+            bk.arms[self.best_arm].rounds.clear()
+        spec = bk.state in (self.SPEC, self.PROBE_SPEC)
         if not spec:
             self.n_plain_rounds += 1
         return spec
-
-    def _unmeasured(self, n_gen: int) -> bool:
-        """Speculating at a batch size whose plain rate was never measured, for ``probe_first`` rounds."""
-        bk = self._buckets.get(bucket(n_gen))
-        return bk is not None and len(bk.plain) < 2 and len(bk.arms[self.best_arm]) >= self.p.probe_first
 
     def record(self, speculative: bool, n_gen: int, n_tokens: int, seconds: float, n_drafted: int = 1) -> None:
         """A generation round ran: ``speculative`` as :meth:`speculate` said, ``n_tokens`` emitted in
@@ -223,42 +241,43 @@ class Referee:
         (bk.arms[self.arm] if speculative else bk.plain).add(n_tokens, seconds)
         if speculative and n_drafted == 0:
             bk.plain.add(n_tokens, seconds)
-        if self.state == self.PROBE_ARM:
+        if self._arm_probe:
             self._arm_left -= 1
             if self._arm_left <= 0:
                 self._judge_arm(bk)
             return
-        if self.state == self.SPEC:
+        if bk.state == self.SPEC:
             self._arm_left -= 1
-        self._left -= 1
-        if self._left > 0:
+        bk.left -= 1
+        if bk.left > 0:
             return
-        if self.state == self.PROBE_PLAIN:
+        if bk.state == self.PROBE_PLAIN:
             self.n_probes += 1
-            self._judge(n_gen, from_spec=True)
-        elif self.state == self.PROBE_SPEC:
-            self._judge(n_gen, from_spec=False)
+            self._judge(bk, from_spec=True)
+        elif bk.state == self.PROBE_SPEC:
+            self._judge(bk, from_spec=False)
 
-    def _judge(self, n_gen: int, from_spec: bool) -> None:
-        r = self.ratio(n_gen)
+    def _judge(self, bk: _Bucket, from_spec: bool) -> None:
+        r = self._ratio(bk)
+        p = self.p
         if from_spec:  # a plain probe ended: stay speculating unless it loses
-            if r is not None and r < 1.0 - self.p.margin:
-                self._fall_back()
+            if r is not None and r < 1.0 - p.margin:
+                bk.state, bk.left = self.PLAIN, bk.retry
+                self.n_fallbacks += 1
                 return
-            self.state = self.SPEC
-            wins = r is not None and r >= self.p.clear_win
-            self._probe_every = min(2 * self._probe_every, self.p.probe_every_max) if wins else self.p.probe_every
-            self._left = self._probe_every
+            bk.state = self.SPEC
+            wins = r is not None and r >= p.clear_win
+            bk.probe_every = min(2 * bk.probe_every, p.probe_every_max) if wins else p.probe_every
+            bk.left = bk.probe_every
             return
         # a speculative retry ended: back to speculating when it pays
         if r is None or r >= 1.0:
-            self.state, self._left = self.SPEC, self.p.probe_every
-            self._probe_every = self.p.probe_every
-            self._retry = self.p.retry
+            bk.state, bk.left = self.SPEC, p.probe_every
+            bk.probe_every, bk.retry = p.probe_every, p.retry
             self.n_returns += 1
         else:
-            self._retry = min(2 * self._retry, self.p.retry_max)
-            self.state, self._left = self.PLAIN, self._retry
+            bk.retry = min(2 * bk.retry, p.retry_max)
+            bk.state, bk.left = self.PLAIN, bk.retry
 
     def _judge_arm(self, bk: _Bucket) -> None:
         """A probe of another arm ended: it takes over when it delivered clearly more than the arm in charge."""
@@ -269,11 +288,7 @@ class Referee:
             self._arm_every = self.p.arm_every
         else:
             self._arm_every = min(2 * self._arm_every, self.p.arm_every_max)
-        self.arm, self.state, self._arm_left = self.best_arm, self.SPEC, self._arm_every
-
-    def _fall_back(self) -> None:
-        self.state, self._left = self.PLAIN, self._retry
-        self.n_fallbacks += 1
+        self.arm, self._arm_probe, self._arm_left = self.best_arm, False, self._arm_every
 
     # -- what was measured -------------------------------------------------------------------------
     def rates(self, n_gen: int) -> tuple[float | None, float | None]:
@@ -292,8 +307,11 @@ class Referee:
         """Speculative rate over plain rate at ``n_gen`` slots; None until both were measured (plain needs
         at least 2 rounds)."""
         bk = self._buckets.get(bucket(n_gen))
-        spec = bk.arms[self.best_arm] if bk is not None else None
-        if bk is None or len(bk.plain) < 2 or not len(spec):
+        return self._ratio(bk) if bk is not None else None
+
+    def _ratio(self, bk: _Bucket) -> float | None:
+        spec = bk.arms[self.best_arm]
+        if len(bk.plain) < 2 or not len(spec):
             return None
         s, p = spec.rate(), bk.plain.rate()
         return s / p if s and p else None
@@ -306,7 +324,7 @@ class Referee:
             s, p = spec.rate(), bk.plain.rate()
             per[str(b)] = {"spec_tps": None if s is None else round(s, 2),
                            "plain_tps": None if p is None else round(p, 2),
-                           "n_spec": len(spec), "n_plain": len(bk.plain),
+                           "n_spec": len(spec), "n_plain": len(bk.plain), "state": bk.state,
                            "spread": None if bk.plain.spread() is None else round(bk.plain.spread(), 3)}
             if len(self.arms) > 1:
                 per[str(b)]["arms_tps"] = {a: None if w.rate() is None else round(w.rate(), 2)

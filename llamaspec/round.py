@@ -89,7 +89,10 @@ class Round:
         self.out = out
         gen = self.shift.run(gen, self._fail)  # --context-shift: full slots drop old tokens first
         referee = self.referee if gen and not prompts else None  # a prompt chunk's time is not the generation's
-        spec = referee.speculate(len(gen)) if referee is not None else True
+        if referee is not None:
+            spec = referee.speculate(len(gen))
+        else:  # untimed (prompt work in the round): as the batch size last decided
+            spec = self.referee.peek(len(gen)) if self.referee is not None and gen else True
         if spec and referee is not None and len(referee.arms) > 1:
             self.chain.use_arm(referee.arm)
         t0 = time.perf_counter()

@@ -169,3 +169,29 @@ def test_a_new_batch_size_is_measured_plainly_within_its_first_rounds():
     assert False in chose[:8]                       # measured plainly by round 8 (was round 13)
     assert ref.ratio(8) is not None and ref.ratio(8) < 0.9
     assert not any(chose[7:11]) and ref.n_fallbacks == 1   # and fallen back at once, not after the request
+
+
+def test_each_batch_size_keeps_its_own_decision_when_the_load_moves_between_them():
+    """A server's batch size comes and goes (1 client, then 8, then 1 again): what was learned at each size holds
+    when it comes back. Alone speculation pays 2x; with 8 slots it loses. Coming back to 8 slots, the referee
+    does not speculate for a probe interval learned at 1 slot, and coming back to 1 it does not wait for a retry
+    learned at 8."""
+    ref = Referee()
+    drive(ref, 60, spec_tokens=4, spec_s=0.02, plain_s=0.01, n_gen=1)
+    drive(ref, 30, spec_tokens=1.2, spec_s=0.05, plain_s=0.02, n_gen=8)
+    for _ in range(3):
+        at1 = drive(ref, 20, spec_tokens=4, spec_s=0.02, plain_s=0.01, n_gen=1)
+        at8 = drive(ref, 20, spec_tokens=1.2, spec_s=0.05, plain_s=0.02, n_gen=8)
+        assert at1.count(False) <= 3, at1   # speculating where it pays (a probe: 3 rounds)
+        assert at8.count(True) <= 6, at8    # plain where it loses (a retry: 6 rounds)
+    assert ref.ratio(1) > 1.5 and ref.ratio(8) < 0.9
+
+
+def test_peek_follows_the_batch_size_decision_without_counting():
+    """A round with prompt work is not timed; it follows what its batch size decided, and advances nothing."""
+    ref = Referee()
+    drive(ref, 40, spec_tokens=1.2, spec_s=0.05, plain_s=0.02, n_gen=8)
+    assert not ref.peek(8) and ref.peek(1)
+    before = ref.info()
+    assert [ref.peek(8) for _ in range(50)] == [False] * 50
+    assert ref.info() == before
