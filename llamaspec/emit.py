@@ -33,13 +33,13 @@ class Emitter:
     def emit(self, slot: Slot, tokens: list[int], n_from_draft: int, probs: "list[TokenProb] | None" = None) -> Chunk:
         """Commit sampled tokens to the slot's output; ``n_from_draft`` of the leading ones were drafted;
         ``probs``: one entry per token when the request asked for them (the chunk keeps those of the tokens
-        it emits, and the text each of them made final)."""
+        it emits). The chunk has the text each token made final, then what the end released."""
         stream, generated = slot.stream, slot.generated
         is_eog, piece_of, feed = self.vocab.is_eog, self.vocab.token_to_piece, stream.feed
         n_predict = slot.n_predict  # -1: no limit
         emitted: list[int] = []
         text = ""
-        texts: list[str] | None = [] if probs is not None else None
+        texts: list[str] = []
         for t in tokens:
             if t == GRAMMAR_END or is_eog(t):  # the grammar allows nothing more: it ends as at EOG
                 slot.finish_reason, slot.stop_type = FinishReason.STOP, "eos"
@@ -49,8 +49,7 @@ class Emitter:
             generated.append(t)
             piece = feed(piece_of(t))
             text += piece
-            if texts is not None:
-                texts.append(piece)
+            texts.append(piece)
             if stream.stopped:
                 if stream.limited:  # llama-server's n_indent / t_max_predict_ms
                     slot.finish_reason, slot.stop_type = FinishReason.LENGTH, "limit"
@@ -71,13 +70,8 @@ class Emitter:
         if slot.state is _GENERATING and stats.t_prompt_s > 0:
             stats.t_decode_s = _now() - slot.t_start
         if finished:
-            tail = stream.flush()
-            text += tail
-            if texts:
-                texts[-1] += tail
+            text += stream.flush()
             slot.state = SlotState.DONE
             slot.prompt_tokens = slot.tokens[: slot.n_prompt]
-        ch = Chunk(slot.id, emitted, text, finished, min(n_from_draft, len(emitted)))
-        if probs is not None:
-            ch.probs, ch.texts = probs[: len(emitted)], texts
-        return ch
+        return Chunk(slot.id, emitted, text, finished, min(n_from_draft, len(emitted)),
+                     probs=probs[: len(emitted)] if probs is not None else None, texts=texts)

@@ -14,6 +14,9 @@ most likely tokens of the same distribution. Two distributions (llama-server's t
 
 Requests that did not ask cost nothing: the round only looks at :attr:`Slot.probs` (None).
 
+:func:`legacy_logprobs` turns entries into OpenAI's legacy completions ``logprobs`` object, for both faces that
+answer with it (``llamaspec.Llama`` and ``llamaspec serve``'s ``/v1/completions``).
+
 >>> import numpy as np
 >>> e = raw_entry(np.array([0.0, 2.0, 1.0], dtype=np.float32), 2, 2)
 >>> e.id, [t for t, _ in e.top], round(e.logprob, 4), round(sum(p for _, p in e.top_probs), 4)
@@ -23,9 +26,10 @@ Requests that did not ask cost nothing: the round only looks at :attr:`Slot.prob
 """
 from __future__ import annotations
 
+import codecs
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -35,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from . import _llama as llama
     from .sampler import TargetSampler
 
-__all__ = ["ProbsSpec", "TokenProb", "check_probs", "raw_entry", "post_entry", "RoundProbs"]
+__all__ = ["ProbsSpec", "TokenProb", "check_probs", "raw_entry", "post_entry", "RoundProbs", "legacy_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,45 @@ def post_entry(ids: np.ndarray, p: np.ndarray, token: int, n_probs: int) -> Toke
     idx = _top(ids, p, n_probs) if n_probs else ()
     top = tuple((int(ids[i]), _log(float(p[i]))) for i in idx)
     return TokenProb(int(token), _log(chosen), top, True)
+
+
+def legacy_logprobs(tokens: Sequence[int], entries: "Sequence[TokenProb | None]", piece: Callable[[int], bytes], *,
+                    start: int = 0, before: "bytes | None" = None, floor: "float | None" = None) -> dict:
+    """OpenAI's legacy ``logprobs`` object of ``tokens`` (``entries[i]`` is ``tokens[i]``'s; None: listed
+    without log-probabilities): ``tokens`` (each one's ``piece`` decoded, an incomplete UTF-8 sequence dropped),
+    ``text_offset``, ``token_logprobs`` and ``top_logprobs`` (``{text: logprob}`` of the alternatives, then of
+    the token itself).
+
+    ``text_offset`` counts characters from ``start``, in one of two units: with ``before`` (the bytes of the
+    tokens listed earlier) llama-cpp-python's, all the tokens' bytes decoded together (a character split over
+    tokens counts once it is whole); without it ``llamaspec serve``'s, each token's own text added up.
+    ``floor``: lower log-probabilities become it (the server's, as JSON has no -inf); None keeps -inf, as
+    llama-cpp-python does.
+
+    >>> pieces = {1: b"\\xe2\\x82", 2: b"\\xac", 3: b"!"}
+    >>> e = [TokenProb(1, -0.5, ((1, -0.5), (3, -1.0))), TokenProb(2, -math.inf, ()), None]
+    >>> lp = legacy_logprobs([1, 2, 3], e, pieces.get, before=b"")
+    >>> lp["tokens"], lp["text_offset"], lp["token_logprobs"], lp["top_logprobs"]
+    (['', '', '!'], [0, 0, 1], [-0.5, -inf, None], [{'': -0.5, '!': -1.0}, {'': -inf}, None])
+    >>> lp = legacy_logprobs([1, 2, 3], e, pieces.get, floor=-1e30)
+    >>> lp["text_offset"], lp["token_logprobs"]
+    ([0, 0, 0], [-0.5, -1e+30, None])
+    """
+    texts = [piece(t).decode("utf-8", "ignore") for t in tokens]
+    # llama-cpp-python's unit: what an incremental decoder gave so far is as long as the prefix decoded alone
+    dec = codecs.getincrementaldecoder("utf-8")("ignore") if before is not None else None
+    n, offsets = start + (len(dec.decode(before)) if dec else 0), []
+    for t, s in zip(tokens, texts):
+        offsets.append(n)
+        n += len(dec.decode(piece(t))) if dec else len(s)
+
+    def lp(x: float) -> float:
+        return x if floor is None or x > floor else floor
+
+    top = [None if e is None else {**{piece(t).decode("utf-8", "ignore"): lp(v) for t, v in e.top}, s: lp(e.logprob)}
+           for s, e in zip(texts, entries)]
+    return {"tokens": texts, "text_offset": offsets,
+            "token_logprobs": [None if e is None else lp(e.logprob) for e in entries], "top_logprobs": top}
 
 
 class RoundProbs:

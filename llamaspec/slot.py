@@ -158,9 +158,10 @@ class Chunk:
     n_from_draft: int = 0
     #: the id of the request that produced the chunk (chunks are delivered to it)
     request_id: int | None = None
-    #: when the request asked for probabilities: one entry per token (:mod:`llamaspec.logprobs`), and the
-    #: text each token made final (``"".join(texts) == text``), so that a stream can show them token by token
+    #: when the request asked for probabilities: one entry per token (:mod:`llamaspec.logprobs`)
     probs: "list[TokenProb] | None" = None
+    #: the text each token made final (a stream can show it token by token); ``text`` is their join, then
+    #: what the end of the request released (text held back for a stop string that never came)
     texts: list[str] | None = None
     #: a prompt-progress report instead of output (no tokens, no text): only for a request that asked
     progress: "PromptProgress | None" = None

@@ -131,6 +131,68 @@ def test_completion_dicts_and_stream_chunks(tiny):
             llm(list(range(8)) * 40, max_tokens=4)
 
 
+def _lp_close(a, b) -> None:
+    """Two legacy ``logprobs`` objects: the same tokens, offsets and keys, log-probabilities to 1e-3."""
+    assert (a is None) == (b is None)
+    if a is None:
+        return
+    assert b["tokens"] == a["tokens"] and b["text_offset"] == a["text_offset"]
+    assert [x is None for x in a["token_logprobs"]] == [y is None for y in b["token_logprobs"]]
+    assert np.allclose([x for x in a["token_logprobs"] if x is not None],
+                       [y for y in b["token_logprobs"] if y is not None], atol=1e-3)
+    for x, y in zip(a["top_logprobs"], b["top_logprobs"]):
+        assert (x is None) == (y is None) and (x is None or list(x) == list(y))
+
+
+def test_stop_strings_equal_llama_cpp(tiny):
+    """Stop strings split over tokens, inside one, two at once, one never met and one whose start ends the
+    text (held back, then released): ``llama_cpp.Llama``'s text, finish_reason and logprobs, with ``echo``
+    and in a stream (joined). The tiny vocabulary's pieces are hex numbers ('20', '27', '30', ...)."""
+    ref = load_llama(tiny[0], logits_all=True, **KW)
+    llm = Llama(tiny[0], **KW)
+    try:
+        for prompt in (PROMPTS[0], "1a2b3c"):
+            full = text(ref(prompt, max_tokens=16, temperature=0))
+            stops = [full[3:5], full[7:10], [full[12:14], full[6:8]], "zz", full[-1] + "zz", full[:1]]
+            for stop in stops:
+                # (echo with logprobs and a stop string met: llama-cpp-python lists the prompt's logprobs one
+                # row off and leaves the last token out, having no row for it; not compared)
+                for kw in (dict(), dict(logprobs=2), dict(echo=isinstance(prompt, str))):
+                    a = ref(prompt, max_tokens=16, temperature=0, stop=stop, **kw)["choices"][0]
+                    b = llm(prompt, max_tokens=16, temperature=0, stop=stop, **kw)["choices"][0]
+                    assert (b["text"], b["finish_reason"]) == (a["text"], a["finish_reason"]), (prompt, stop, kw)
+                    _lp_close(a["logprobs"], b["logprobs"])
+                    st = [c["choices"][0] for c in llm(prompt, max_tokens=16, temperature=0, stop=stop, stream=True,
+                                                       **kw)]
+                    assert "".join(c["text"] for c in st) == a["text"] and st[-1]["finish_reason"] == a["finish_reason"]
+                    if kw.get("logprobs") is not None:
+                        got = [c["logprobs"] for c in st if c["logprobs"]]
+                        assert sum((g["tokens"] for g in got), []) == b["logprobs"]["tokens"]
+                        assert sum((g["text_offset"] for g in got), []) == b["logprobs"]["text_offset"]
+    finally:
+        llm.close()
+        ref.close()
+
+
+def test_stop_strings_are_the_engines(tiny, monkeypatch):
+    """The engine applies ``stop``; compat reads its text and finish, and runs no second stop-string machine:
+    each generated token's piece goes through one TextStream once."""
+    from llamaspec.text import TextStream
+
+    fed = []
+    feed = TextStream.feed
+    monkeypatch.setattr(TextStream, "feed", lambda self, piece: fed.append(piece) or feed(self, piece))
+    with Llama(tiny[0], draft_model=tiny[1], **KW) as llm:
+        full = text(llm(PROMPTS[0], max_tokens=16, temperature=0))
+        for stream in (False, True):
+            fed.clear()
+            out = list(llm(PROMPTS[0], max_tokens=16, temperature=0, stop=full[7:10], stream=True)) if stream \
+                else [llm(PROMPTS[0], max_tokens=16, temperature=0, stop=full[7:10])]
+            n = len(llm._last_tokens[1])
+            assert "".join(text(c) for c in out) == full[:7] and out[-1]["choices"][0]["finish_reason"] == "stop"
+            assert len(fed) == n and b"".join(fed).decode().startswith(full[:7])
+
+
 def test_sampled_outputs_follow_llama_cpp_seed_chain(tiny):
     """Same constructor seed, same calls: the same sampled text (the same chain, the same random numbers)."""
     ref = load_llama(tiny[0], seed=1234, **KW)

@@ -18,7 +18,7 @@ from llamaspec import _llama as L
 from llamaspec.drafters.base import Drafter
 from llamaspec.engine import Engine
 from llamaspec.errors import UsageError
-from llamaspec.logprobs import ProbsSpec, post_entry, raw_entry
+from llamaspec.logprobs import ProbsSpec, TokenProb, post_entry, raw_entry
 from llamaspec.params import SpecParams
 from llamaspec.options import RequestOptions
 
@@ -353,6 +353,78 @@ def test_compat_bad_logprobs(tiny_model):
         assert llm([1, 2, 3], max_tokens=2, temperature=0)["choices"][0]["logprobs"] is None
     finally:
         llm.close()
+
+
+def test_legacy_logprobs_one_builder_for_both_faces():
+    """compat's ``logprobs`` object and the server's legacy ``/v1/completions`` fields come from one builder:
+    equal on whole-character pieces, apart only where each reference's offset unit differs (a character split
+    over tokens: llama-cpp-python counts it once whole, the server adds up each token's own text) and at -inf
+    (llama-cpp-python keeps it, as its own log-softmax gives it; the server's JSON gets the lowest float)."""
+    from llama_cpp import Llama as LcpLlama
+
+    from llamaspec.compat.scoring import CompletionLogprobs
+    from llamaspec.logprobs import legacy_logprobs
+    from llamaspec.server.probs import LOG_ZERO, ProbsRender
+
+    pieces = {0: b"", 1: b"a", 2: b" bc", 3: b"\xe2\x82", 4: b"\xac", 5: b"d", 6: b"\xc3\xa9"}
+
+    class Vocab:
+        bos = 0
+
+        def token_to_piece(self, t, special=False):
+            return pieces[t]
+
+    class Llm:
+        _vocab = Vocab()
+
+        def detokenize(self, tokens):
+            return b"".join(pieces[t] for t in tokens)
+
+    logits = np.array([-np.inf, 2.0, 1.0, 0.5, 0.0, -1.0, -np.inf], dtype=np.float32)
+    assert LcpLlama.logits_to_logprobs(logits)[0] == -np.inf  # llama-cpp-python's value of a -inf logit
+
+    def faces(tokens, prompt="xyz"):
+        entries = [raw_entry(logits, t, 3) for t in tokens]
+        lp, pr = CompletionLogprobs(Llm(), prompt), ProbsRender(Vocab(), False)
+        streamed = []  # a stream: one piece at a time, offsets going on
+        for t, e in zip(tokens, entries):
+            lp.add(t, e)
+            streamed.append((lp.take(), pr.completion_logprobs([e])))
+        whole = ProbsRender(Vocab(), False).completion_logprobs(entries)
+        for face, whole_face in ((0, lp.all), (1, whole)):
+            for k in ("tokens", "text_offset", "token_logprobs"):
+                assert sum((s[face][k] for s in streamed), []) == whole_face[k]
+        return lp.all, whole
+
+    assert CompletionLogprobs.take.__globals__["legacy_logprobs"] is ProbsRender.completion_logprobs.__globals__[
+        "legacy_logprobs"] is legacy_logprobs
+    compat, server = faces([1, 2, 5, 1])  # whole characters, finite values: the same object
+    assert {k: v for k, v in server.items() if k != "content"} == {**compat, "text_offset": [0, 1, 4, 5]}
+    assert compat["text_offset"] == [3, 4, 7, 8]  # from the prompt's length (3)
+    compat, server = faces([1, 3, 4, 6, 5, 0])  # '€' split over two tokens; BOS is left out by compat only
+    assert compat["tokens"] == server["tokens"][:-1] == ["a", "", "", "é", "d"]
+    assert compat["text_offset"] == [3 + len(b"".join(pieces[t] for t in [1, 3, 4, 6, 5][:i]).decode("utf-8", "ignore"))
+                                     for i in range(5)] == [3, 4, 4, 5, 6]
+    assert server["text_offset"] == [0, 1, 1, 1, 2, 3]
+    compat, server = faces([6])  # a token of logprob -inf
+    assert compat["token_logprobs"] == [-math.inf] and compat["top_logprobs"][0]["é"] == -math.inf
+    assert server["token_logprobs"] == [LOG_ZERO] and server["top_logprobs"][0]["é"] == LOG_ZERO
+    assert server["content"][0]["logprob"] == LOG_ZERO
+    json.dumps(server, allow_nan=False)
+
+
+def test_stream_events_give_the_end_text_to_the_last_token():
+    """A chunk's ``texts`` are what each token made final, its ``text`` ends with what the end released (held
+    back for a stop string): the server's stream sends that with the last token, in its own event."""
+    from llamaspec.server.probs import ProbsRender
+    from llamaspec.slot import Chunk
+
+    tps = [TokenProb(t, -1.0, ()) for t in (1, 2, 3)]
+    pr = ProbsRender(None, False)
+    ch = Chunk(0, [1, 2, 3], "ab" + "c", True, probs=tps, texts=["ab", "", ""])
+    assert pr.events(0, ch) == [("ab", tps[:1], [1]), ("c", tps[1:], [2, 3])]
+    ch = Chunk(0, [1, 2], "ab" + "c", True, probs=tps[:2], texts=["a", "b"])
+    assert pr.events(1, ch) == [("a", tps[:1], [1]), ("bc", tps[1:2], [2])]
 
 
 def test_worked_examples():

@@ -9,7 +9,7 @@ BOS / CLS and EOS / SEP added as its ``_create_completion`` does; a token list i
 next seed from the previous one with ``random.Random``), the temperature rules (0: greedy; < 0: the plain
 distribution, no truncation), its samplers (``typical_p``, ``mirostat_mode`` 1 / 2 with ``mirostat_tau`` /
 ``mirostat_eta`` alone after the penalties and grammar; ``tfs_z`` and ``penalize_nl`` are accepted and unused,
-as there), stop strings (the text ends before the first one; a stream never shows a part of one),
+as there), stop strings (the engine's: the text ends before the first one; a stream never shows a part of one),
 ``stopping_criteria`` (called with the token history before each new token, which it can veto, and once at the
 end), ``logits_processor`` (on every row the target samples, drafted rows included, in order:
 :class:`~llamaspec.sampler.TargetSampler`), ``echo`` (with ``logprobs``: the prompt's own, from
@@ -40,7 +40,6 @@ from ..logprobs import ProbsSpec
 from ..options import RequestOptions, SamplerHooks
 from ..scheduler import common_prefix
 from ..slot import FinishReason
-from ..text import TextStream
 from .args import CompatError
 from .scoring import CompletionLogprobs
 
@@ -200,29 +199,26 @@ def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "i
                                                cache_prompt=llm._take_cache_permission(),
                                                probs=ProbsSpec(logprobs) if logprobs is not None else None,
                                                hooks=sampler_hooks(logits_processor)))
-    text = TextStream(stops)
     completion: list[int] = []
-    finish = "length"
+    n_final = 0  # characters of text the listed tokens made final (the engine's stop strings applied)
+    vetoed = False
     try:
         if stream and echo and isinstance(prompt, str) and prompt:
             yield chunk(prompt, None, probs=lp.take() if lp is not None else None)
-        done = False
         for ch in req.chunks():
             for k, tok in enumerate(ch.tokens):
                 if stopping_criteria is not None and stopping_criteria(
                         np.asarray(tokens + completion, dtype=np.intc), zeros):
-                    finish, done = "stop", True
+                    vetoed = True
                     break
                 completion.append(tok)
                 if lp is not None and ch.probs is not None:
                     lp.add(tok, ch.probs[k])
-                piece = text.feed(vocab.token_to_piece(tok))
+                piece = ch.texts[k]
+                n_final += len(piece)
                 if stream and piece:
                     yield chunk(piece, None, probs=lp.take() if lp is not None else None)
-                if text.stopped:
-                    finish, done = "stop", True
-                    break
-            if done:
+            if vetoed:
                 break
     finally:
         if not req.done:
@@ -230,15 +226,18 @@ def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "i
     result = req.result()
     if result.finish_reason is FinishReason.ERROR:
         raise RuntimeError(f"llamaspec: the completion failed: {result.error}")
-    by_eog = not done and result.finish_reason is FinishReason.STOP
-    if by_eog:
-        finish = "stop"
+    finish = "stop" if vetoed or result.finish_reason is FinishReason.STOP else "length"
+    by_eog = not vetoed and req.stop_type == "eos"
     # llama-cpp-python's evaluated tokens: the last one sampled is decoded only when generation goes on
     llm._remember(tokens + (completion if by_eog or not completion else completion[:-1]))
     if stopping_criteria is not None and finish != "stop" and stopping_criteria(
             np.asarray(llm._input_ids, dtype=np.intc), zeros):
         finish = "stop"
-    tail = text.flush()
+    full = result.text
+    if vetoed:  # the listed tokens' text, to a stop string that only the end's U+FFFD can complete
+        full = b"".join(map(vocab.token_to_piece, completion)).decode("utf-8", "replace")
+        full = full[:min((full.find(s) for s in stops if s in full), default=len(full))]
+    tail = full[n_final:]  # what the end released (held back for a stop string that never came)
     report = llm._report(result.stats)
     llm._last_report = report
     llm._last_tokens = (list(tokens), list(completion))
@@ -252,7 +251,7 @@ def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "i
         return
     if cache:
         cache[tokens + completion] = llm.save_state()
-    body = text.text
+    body = full
     if echo:
         body = (prompt if isinstance(prompt, str) else vocab.detokenize(tokens)) + body
     if append is not None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _llama as llama
 from ..errors import MemoryOpError
-from ..logprobs import TokenProb, raw_entry
+from ..logprobs import TokenProb, legacy_logprobs, raw_entry
 from ..memory import SeqMemory
 from ..scheduler import common_prefix
 
@@ -71,41 +71,34 @@ class Scorer:
 
 
 class CompletionLogprobs:
-    """llama-cpp-python's ``logprobs`` object of a completion (``tokens``, ``text_offset``, ``token_logprobs``,
-    ``top_logprobs``), filled token by token; :meth:`take` hands out what was added since its last call.
+    """llama-cpp-python's ``logprobs`` object of a completion (:func:`~llamaspec.logprobs.legacy_logprobs`, in
+    its text offset unit), filled token by token; :meth:`take` hands out what was added since its last call.
     With ``echo`` the prompt's tokens come first (:meth:`add_prompt`) and offsets count from 0, else from the
     prompt's length."""
 
     def __init__(self, llm: Any, prompt: "str | Sequence[int]", echo: bool = False):
         self.llm = llm
         self.base = 0 if echo else len(prompt)
-        self._done = b""  # the listed tokens' bytes so far
-        self.all = self._empty()
-        self._new = self._empty()
+        self.tokens: list[int] = []  # the listed tokens, with their entries
+        self.entries: "list[TokenProb | None]" = []
+        self._taken = 0  # how many of them take() handed out
 
-    @staticmethod
-    def _empty() -> dict:
-        return {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+    def _piece(self, token: int) -> bytes:
+        return self.llm.detokenize([token])
 
-    def _text(self, token: int) -> str:
-        return self.llm.detokenize([token]).decode("utf-8", errors="ignore")
+    def _from(self, i: int) -> dict:
+        return legacy_logprobs(self.tokens[i:], self.entries[i:], self._piece, start=self.base,
+                               before=b"".join(map(self._piece, self.tokens[:i])))
+
+    @property
+    def all(self) -> dict:
+        return self._from(0)
 
     def add(self, token: int, tp: "TokenProb | None") -> None:
         """One token with its entry (None: listed without log-probabilities, as the first echoed token)."""
-        if token == self.llm._vocab.bos:  # llama-cpp-python leaves BOS out
-            return
-        s = self._text(token)
-        top = None
-        if tp is not None:
-            top = {self._text(t): lp for t, lp in tp.top}
-            top[s] = tp.logprob
-        offset = self.base + len(self._done.decode("utf-8", errors="ignore"))
-        self._done += self.llm.detokenize([token])
-        for d in (self.all, self._new):
-            d["tokens"].append(s)
-            d["text_offset"].append(offset)
-            d["token_logprobs"].append(tp.logprob if tp is not None else None)
-            d["top_logprobs"].append(dict(top) if top is not None else None)
+        if token != self.llm._vocab.bos:  # llama-cpp-python leaves BOS out
+            self.tokens.append(token)
+            self.entries.append(tp)
 
     def add_prompt(self, tokens: Sequence[int], n_probs: int) -> None:
         """The prompt's tokens (``echo``): each with the model's distribution after the tokens before it, the
@@ -119,5 +112,5 @@ class CompletionLogprobs:
             self.add(tokens[i + 1], raw_entry(logits, tokens[i + 1], n_probs))
 
     def take(self) -> dict:
-        out, self._new = self._new, self._empty()
+        out, self._taken = self._from(self._taken), len(self.tokens)
         return out

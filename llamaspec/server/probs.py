@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..logprobs import ProbsSpec, TokenProb
+from ..logprobs import ProbsSpec, TokenProb, legacy_logprobs
 from .errors import invalid
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,24 +103,13 @@ class ProbsRender:
 
     # -- OpenAI /v1/completions --------------------------------------------------------------------
     def completion_logprobs(self, entries: list[TokenProb], i: int = 0) -> dict:
-        """``/v1/completions``' ``logprobs``: llama-server's ``content`` and OpenAI's legacy fields; the text
-        offsets of choice ``i`` go on from its previous call (a stream)."""
+        """``/v1/completions``' ``logprobs``: llama-server's ``content`` and OpenAI's legacy fields
+        (:func:`~llamaspec.logprobs.legacy_logprobs`, each token's text added up); the text offsets of choice
+        ``i`` go on from its previous call (a stream)."""
         off = self._offset.get(i, 0)
-        tokens, offsets = [], []
-        for tp in entries:
-            t = self.text(tp.id)
-            tokens.append(t)
-            offsets.append(off)
-            off += len(t)
-        self._offset[i] = off
-        top = []
-        for tp in entries:
-            d = {self.text(t): _json_log(lp) for t, lp in tp.top}
-            d[self.text(tp.id)] = _json_log(tp.logprob)
-            top.append(d)
-        return {"content": self.content(entries), "tokens": tokens,
-                "token_logprobs": [_json_log(tp.logprob) for tp in entries], "top_logprobs": top,
-                "text_offset": offsets}
+        legacy = legacy_logprobs([tp.id for tp in entries], entries, self.piece, start=off, floor=LOG_ZERO)
+        self._offset[i] = off + sum(map(len, legacy["tokens"]))
+        return {"content": self.content(entries), **legacy}
 
     # -- streams ------------------------------------------------------------------------------------
     def events(self, i: int, ch: "Chunk") -> list[tuple[str, list[TokenProb], list[int]]]:
@@ -132,12 +121,15 @@ class ProbsRender:
             return [(ch.text, pend, [tp.id for tp in pend])] if ch.text or pend else []
         pend = self._pending.get(i, [])
         out: list[tuple[str, list[TokenProb]]] = []
-        for tp, t in zip(ch.probs, ch.texts):
+        texts = list(ch.texts)
+        extra = ch.text[sum(len(t) for t in texts):]  # text no token of this chunk made final (a flush)
+        if extra and texts:  # it goes with the token that ended the request
+            texts[-1], extra = texts[-1] + extra, ""
+        for tp, t in zip(ch.probs, texts):
             pend.append(tp)
             if t:
                 out.append((t, pend))
                 pend = []
-        extra = ch.text[sum(len(t) for t in ch.texts):]  # text no token of this chunk made final (a flush)
         if extra or (ch.finished and pend):
             if out:
                 t, e = out[-1]
