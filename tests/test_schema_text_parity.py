@@ -169,7 +169,7 @@ def servers(request):
 def classify(native: list[dict], ours: list[dict], tol: float = TOL) -> tuple[str, str]:
     """``identical``, ``near-tie`` or ``divergent`` for two greedy outputs given as their per-token entries
     (``{"id", "logprob", "top_logprobs": [{"id", "logprob"}, ...]}``), with what was found."""
-    # llama-server lists the end-of-generation token that stopped it (no bytes, no text); llamaspec does not
+    # the end-of-generation token that stopped it (no bytes, no text): both list it, it is not the text
     native, ours = (es[:-1] if es and not es[-1]["bytes"] else es for es in (native, ours))
     a, b = [e["id"] for e in native], [e["id"] for e in ours]
     if a == b:
