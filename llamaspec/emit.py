@@ -40,10 +40,12 @@ class Emitter:
         emitted: list[int] = []
         text = ""
         texts: list[str] = []
+        eog = None
         for t in tokens:
             if t == GRAMMAR_END or is_eog(t):  # the grammar allows nothing more: it ends as at EOG
                 slot.finish_reason, slot.stop_type = FinishReason.STOP, "eos"
                 slot.stats.n_eog = int(t != GRAMMAR_END)  # a sampled EOG token (llama-server counts it)
+                eog = slot.stats.eog_token = t if t != GRAMMAR_END else None
                 break
             emitted.append(t)
             generated.append(t)
@@ -73,5 +75,5 @@ class Emitter:
             text += stream.flush()
             slot.state = SlotState.DONE
             slot.prompt_tokens = slot.tokens[: slot.n_prompt]
-        return Chunk(slot.id, emitted, text, finished, min(n_from_draft, len(emitted)),
-                     probs=probs[: len(emitted)] if probs is not None else None, texts=texts)
+        return Chunk(slot.id, emitted, text, finished, min(n_from_draft, len(emitted)), eog=eog,
+                     probs=probs[: len(emitted) + (eog is not None)] if probs is not None else None, texts=texts)

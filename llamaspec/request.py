@@ -81,7 +81,7 @@ class Request:
         self.prompt_tokens = tokens
         #: what the request asks for (validated, frozen: llamaspec.options); its slot references it
         self.options = options
-        #: one entry per emitted token when ``options.probs`` asked for them
+        #: one entry per emitted token when ``options.probs`` asked for them (and the end-of-generation token's)
         self.token_probs: "list[TokenProb]" = []
         self.state = RequestState.QUEUED
         self.finish_reason: FinishReason | None = None

@@ -47,6 +47,8 @@ class GenerationStats:
     #: 1 when generation ended on an end-of-generation token: not output (``n_predicted`` leaves it out), but
     #: sampled, and llama-server counts it in ``tokens_predicted`` / ``predicted_n`` / ``completion_tokens``
     n_eog: int = 0
+    #: that token (llama-server lists it in ``tokens`` and the token probabilities: no text, no bytes)
+    eog_token: int | None = None
     t_prompt_s: float = 0.0
     t_decode_s: float = 0.0
     n_target_decodes: int = 0
@@ -139,7 +141,8 @@ class GenerationResult:
     drafted_mask: list[bool] = field(default_factory=list)
     #: the error message when ``finish_reason`` is ``error``
     error: str | None = None
-    #: per emitted token, its probabilities (:mod:`llamaspec.logprobs`) when the request asked for them
+    #: per emitted token, its probabilities (:mod:`llamaspec.logprobs`) when the request asked for them, then
+    #: those of the end-of-generation token it ended on (``stats.eog_token``), as llama-server lists them
     token_probs: "list[TokenProb] | None" = None
 
 
@@ -158,13 +161,16 @@ class Chunk:
     n_from_draft: int = 0
     #: the id of the request that produced the chunk (chunks are delivered to it)
     request_id: int | None = None
-    #: when the request asked for probabilities: one entry per token (:mod:`llamaspec.logprobs`)
+    #: when the request asked for probabilities: one entry per token (:mod:`llamaspec.logprobs`), then
+    #: ``eog``'s when there is one (``texts`` has no entry for it)
     probs: "list[TokenProb] | None" = None
     #: the text each token made final (a stream can show it token by token); ``text`` is their join, then
     #: what the end of the request released (text held back for a stop string that never came)
     texts: list[str] | None = None
     #: a prompt-progress report instead of output (no tokens, no text): only for a request that asked
     progress: "PromptProgress | None" = None
+    #: the end-of-generation token that ended the request (sampled, not output: not in ``tokens``)
+    eog: int | None = None
 
 
 @dataclass(frozen=True)

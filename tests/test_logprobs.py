@@ -277,6 +277,65 @@ def test_chat_logprobs(http):
     assert all(len(c["top_logprobs"]) == 20 for c in d["choices"][0]["logprobs"]["content"])  # llama-server's
 
 
+EOG = 35  # the tiny llama's 9th greedy token after PROMPT, its 11th in the chat (their first 35s): made EOG
+
+
+@pytest.fixture(scope="module")
+def http_eog(tmp_path_factory):
+    """A speculating server on the tiny pair with token EOG made end-of-generation."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    from starlette.testclient import TestClient
+
+    from llamaspec.server.app import ServerConfig, ServerState, create_app
+    from llamaspec.testing.tiny_models import write_model
+
+    d = tmp_path_factory.mktemp("eog")
+    target, draft = (write_model(k, d / f"{k}.gguf", eos_token_id=EOG) for k in ("llama", "llama-draft"))
+    eng = Engine(target, draft=draft, spec=spec(4), n_ctx=512, **EXACT)
+    with TestClient(create_app(ServerState(ServerConfig(chat_template="chatml"), engine=eng))) as c:
+        yield c
+
+
+def test_end_of_generation_token_listed(http_eog, plain):
+    """llama-server lists the end-of-generation token a request ended on last in ``tokens`` and in the token
+    probabilities (in a stream an event of its own with no content, none in a chat stream), and counts it:
+    speculative rounds included (tests/test_schema_text_parity.py compares with llama-server itself, on a
+    real model whose end-of-generation token has no text and no bytes)."""
+    out = plain("llama").tokens[: plain("llama").tokens.index(EOG)]
+    body = {"prompt": PROMPT, "n_probs": 2, "temperature": 0, "n_predict": N, "return_tokens": True}
+    r = http_eog.post("/completion", json=body).json()
+    assert r["stop_type"] == "eos" and r["tokens"] == out + [EOG] == [d["id"] for d in r["completion_probabilities"]]
+    assert r["tokens_predicted"] == len(out) + 1
+    with http_eog.stream("POST", "/completion", json={**body, "stream": True}) as s:
+        events = _sse(s)
+    assert sum((ev["tokens"] for ev in events), []) == r["tokens"]
+    assert [d["id"] for ev in events for d in ev.get("completion_probabilities", [])] == r["tokens"]
+    eog = events[-2]
+    assert (eog["content"], eog["tokens"], eog["tokens_predicted"]) == ("", [EOG], len(out) + 1)
+    assert len(eog["completion_probabilities"]) == 1
+    with http_eog.stream("POST", "/completion", json={**body, "n_probs": 0, "stream": True}) as s:
+        assert sum((ev["tokens"] for ev in _sse(s)), []) == r["tokens"]  # without probabilities too
+
+    oai = {"prompt": PROMPT, "logprobs": 2, "temperature": 0, "max_tokens": N}
+    lp = http_eog.post("/v1/completions", json=oai).json()["choices"][0]["logprobs"]
+    assert [d["id"] for d in lp["content"]] == r["tokens"] and len(lp["tokens"]) == len(r["tokens"])
+    with http_eog.stream("POST", "/v1/completions", json={**oai, "stream": True}) as s:
+        events = _sse(s)
+    assert [d["id"] for ev in events for c in ev["choices"] if c["logprobs"] for d in c["logprobs"]["content"]] \
+        == r["tokens"]
+    assert events[-2]["choices"][0]["text"] == "" and len(events[-2]["choices"][0]["logprobs"]["content"]) == 1
+
+    chat = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": N, "logprobs": True}
+    c = http_eog.post("/v1/chat/completions", json=chat).json()["choices"][0]
+    assert c["finish_reason"] == "stop" and c["logprobs"]["content"][-1]["id"] == EOG
+    with http_eog.stream("POST", "/v1/chat/completions", json={**chat, "stream": True}) as s:
+        events = _sse(s)
+    got = [d for ev in events for ch in ev["choices"] if ch.get("logprobs") for d in ch["logprobs"]["content"]]
+    assert got == c["logprobs"]["content"][:-1]  # llama-server: the token adds no content, so no chunk
+    assert all(ch["delta"].get("content") for ev in events[1:-1] for ch in ev["choices"])
+
+
 @pytest.mark.parametrize("path,body,field", [
     ("/completion", {"n_probs": -1}, "n_probs"),
     ("/completion", {"n_probs": 101}, "n_probs"),

@@ -169,8 +169,7 @@ def servers(request):
 def classify(native: list[dict], ours: list[dict], tol: float = TOL) -> tuple[str, str]:
     """``identical``, ``near-tie`` or ``divergent`` for two greedy outputs given as their per-token entries
     (``{"id", "logprob", "top_logprobs": [{"id", "logprob"}, ...]}``), with what was found."""
-    # llama-server lists the end-of-generation token that stopped it (no bytes, no text); llamaspec does not
-    native, ours = (es[:-1] if es and not es[-1]["bytes"] else es for es in (native, ours))
+    # the end-of-generation token that stopped one is an entry too (no bytes, no text): both servers list it
     a, b = [e["id"] for e in native], [e["id"] for e in ours]
     if a == b:
         return "identical", ""
@@ -210,7 +209,8 @@ def test_classify_tells_a_near_tie_from_a_divergence():
     assert classify(near_a, same + [e(6, -0.70, (6, -0.70))])[0] == "divergent"  # 5 not listed
     assert classify(near_a, same)[0] == "divergent"  # one ends
     eog = {"id": 0, "logprob": -1.0, "bytes": [], "top_logprobs": []}
-    assert classify(same + [eog], same) == ("identical", "")
+    assert classify(same + [eog], same + [eog]) == ("identical", "")
+    assert classify(same + [eog], same)[0] == "divergent"  # the end-of-generation token is listed: one lacks it
 
 
 def _report(route: str, results: list[tuple[str, str, str]]) -> None:
@@ -249,16 +249,62 @@ def _chat_grammar(native: str) -> str:
     return "".join(line.replace('root ::= "<|im_start|>assistant\\n" ', "root ::= ", 1) for line in lines)
 
 
-def _stream_text(port: int, body: dict) -> str:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                 json.dumps({**body, "stream": True}).encode(), {"Content-Type": "application/json"})
-    out = []
+def _sse(port: int, path: str, body: dict) -> list[dict]:
+    """The events of ``body`` streamed from ``path``."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps({**body, "stream": True}).encode(),
+                                 {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                for c in json.loads(line[6:])["choices"]:
-                    out.append(c["delta"].get("content") or "")
-    return "".join(out)
+        return [json.loads(line[6:]) for line in r.read().decode().splitlines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _stream_text(port: int, body: dict) -> str:
+    return "".join(c["delta"].get("content") or "" for ev in _sse(port, "/v1/chat/completions", body)
+                   for c in ev["choices"])
+
+
+def _ids(entries: list[dict] | None) -> list[int]:
+    return [e["id"] for e in entries or []]
+
+
+@pytest.mark.parametrize("servers", ["jinja"], indirect=True)
+def test_end_of_generation_token_listed_as_llama_servers(servers):
+    """A greedy generation that ends on the end-of-generation token: llama-server lists that token last in
+    ``tokens`` (``return_tokens``) and in the token probabilities (an entry with no text and no bytes; in a
+    stream an event of its own, none in a chat stream) and counts it in ``tokens_predicted``; llamaspec the same,
+    on /completion, /v1/completions and /v1/chat/completions, whole and streamed."""
+    messages = [{"role": "user", "content": "Say hi"}]
+    prompt = _post(servers[0], "/apply-template", {"messages": messages})["prompt"]
+    body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "n_probs": 2, "return_tokens": True}
+    n, o = (_post(p, "/completion", body) for p in servers)
+    assert n["stop_type"] == o["stop_type"] == "eos" and n["content"] == o["content"]
+    eog = n["tokens"][-1]
+    assert o["tokens"] == n["tokens"] == _ids(n["completion_probabilities"]) == _ids(o["completion_probabilities"])
+    assert {k: o["completion_probabilities"][-1][k] for k in ("token", "bytes")} == {"token": "", "bytes": []}
+    assert o["tokens_predicted"] == n["tokens_predicted"] == len(n["tokens"])
+
+    def shape(ev: dict) -> tuple:
+        return ev["content"], ev["tokens"], _ids(ev.get("completion_probabilities")), ev["stop"], ev["tokens_predicted"]
+    sn, so = ([shape(ev) for ev in _sse(p, "/completion", body)] for p in servers)
+    assert so == sn and sn[-2] == ("", [eog], [eog], False, len(n["tokens"]))
+
+    oai = {"prompt": prompt, "max_tokens": N_PREDICT, "temperature": 0, "logprobs": 2}
+    n, o = (_post(p, "/v1/completions", oai)["choices"][0] for p in servers)
+    assert _ids(o["logprobs"]["content"]) == _ids(n["logprobs"]["content"])
+    assert _ids(n["logprobs"]["content"])[-1] == eog
+    assert o["text"] == n["text"]
+    sn, so = ([(c["text"], _ids((c["logprobs"] or {}).get("content")), c["finish_reason"])
+               for ev in _sse(p, "/v1/completions", oai) for c in ev["choices"]] for p in servers)
+    assert so == sn and sn[-2] == ("", [eog], None)
+
+    chat = {"messages": messages, "max_tokens": N_PREDICT, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    n, o = (_post(p, "/v1/chat/completions", chat)["choices"][0] for p in servers)
+    assert o["message"]["content"] == n["message"]["content"]
+    assert _ids(o["logprobs"]["content"]) == _ids(n["logprobs"]["content"])
+    assert _ids(n["logprobs"]["content"])[-1] == eog
+    sn, so = ([(c["delta"], _ids((c.get("logprobs") or {}).get("content")), c["finish_reason"])
+               for ev in _sse(p, "/v1/chat/completions", chat) for c in ev["choices"]] for p in servers)
+    assert so == sn and eog not in sum((ids for _, ids, _ in sn), [])
 
 
 @pytest.mark.parametrize("servers", ["no-jinja", "jinja"], indirect=True)

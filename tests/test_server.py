@@ -634,9 +634,7 @@ class _ScriptedRequest:
         threading.Thread(target=self._play, daemon=True).start()
 
     def _play(self):
-        from types import SimpleNamespace
-
-        from llamaspec.slot import FinishReason
+        from llamaspec.slot import Chunk, FinishReason
 
         reason = FinishReason.STOP
         for item in self.script:
@@ -651,7 +649,7 @@ class _ScriptedRequest:
             self._text.append(item)
             self.stats.n_predicted += 1
             with self._changed:
-                self._chunks.append(SimpleNamespace(text=item, tokens=[3], finished=False, n_from_draft=0))
+                self._chunks.append(Chunk(0, [3], item))
                 self._changed.notify_all()
         with self._changed:
             self.finish_reason = reason

@@ -32,7 +32,7 @@ def _n_cached(s: GenerationStats) -> int:
 def n_predicted(s: GenerationStats) -> int:
     """The tokens generated as llama-server counts them: the output, and the end-of-generation token it ended
     on (sampled, not output)."""
-    return s.n_predicted + int(getattr(s, "n_eog", 0) or 0)
+    return s.n_predicted + s.n_eog
 
 
 def timings(s: GenerationStats, speculative: bool = False) -> dict:

@@ -115,7 +115,8 @@ class ProbsRender:
     def events(self, i: int, ch: "Chunk") -> list[tuple[str, list[TokenProb], list[int]]]:
         """``(text, entries, tokens)`` per event of one chunk of choice ``i``: one for each token that made
         text final, with the entries of the tokens before it that made none; at the end of the request the
-        rest goes with the last event."""
+        rest goes with the last event, and the end-of-generation token it ended on has one of its own, text-less
+        (llama-server's)."""
         if ch.probs is None or ch.texts is None:  # a chunk without probabilities (a failure, n_predict = 0)
             pend = self._pending.pop(i, []) if ch.finished else []
             return [(ch.text, pend, [tp.id for tp in pend])] if ch.text or pend else []
@@ -138,4 +139,6 @@ class ProbsRender:
                 out.append((extra, pend))
             pend = []
         self._pending[i] = pend
+        if ch.eog is not None:
+            out.append(("", ch.probs[len(ch.texts):]))
         return [(t, e, [tp.id for tp in e]) for t, e in out]

@@ -46,8 +46,9 @@ def _probs_render(state: "ServerState", gen: GenParams) -> ProbsRender | None:
 def _events(pr: ProbsRender | None, i: int, ch):
     """``(text, entries, tokens)`` per stream event of one chunk: the chunk itself without probabilities,
     one per token that made text final with them (:meth:`ProbsRender.events`)."""
-    if pr is None:
-        return [(ch.text, None, ch.tokens)] if ch.text or ch.tokens else []
+    if pr is None:  # the end-of-generation token goes with the tokens (llama-server lists it in ``tokens``)
+        tokens = ch.tokens if ch.eog is None else ch.tokens + [ch.eog]
+        return [(ch.text, None, tokens)] if ch.text or tokens else []
     return pr.events(i, ch)
 
 
@@ -155,9 +156,9 @@ class ChatRenderer(_OpenAIBase):
                    **self.head("chat.completion.chunk"), **_progress(self.state, self.gen, ch)}
             return
         yield from self._role(i)
-        for text, entries, _ in _events(self.probs, i, ch):
-            if not text and not entries:
-                continue
+        for text, entries, tokens in _events(self.probs, i, ch):
+            if not text and (not entries or tokens == [ch.eog]):
+                continue  # llama-server: no chat chunk for the end-of-generation token (it adds no content)
             if self.tools is not None:  # logprobs go with the content they came with, none with calls
                 deltas = self._tool_events(i, text)
                 for j, delta in enumerate(deltas):
@@ -239,7 +240,7 @@ class NativeRenderer(Renderer):
             if not text and not entries and not (self.gen.return_tokens and tokens):
                 continue
             d = {"index": i, "content": text, "tokens": list(tokens) if self.gen.return_tokens else [],
-                 "stop": False, "id_slot": _slot_id(req), "tokens_predicted": len(req.tokens),
+                 "stop": False, "id_slot": _slot_id(req), "tokens_predicted": len(req.tokens) + (ch.eog in tokens),
                  "tokens_evaluated": len(req.prompt_tokens)}
             if entries:
                 d["completion_probabilities"] = self.probs.content(entries)
@@ -252,7 +253,7 @@ class NativeRenderer(Renderer):
         st = req.stats
         d = {
             "index": i, "content": "" if stream else req.text,
-            "tokens": list(req.tokens) if self.gen.return_tokens and not stream else [],
+            "tokens": _tokens(req) if self.gen.return_tokens and not stream else [],
             "id_slot": _slot_id(req), "stop": True, "model": self.model,
             "tokens_predicted": formats.n_predicted(st), "tokens_evaluated": st.n_prompt,
             "generation_settings": generation_settings(eng, self.gen, self.state.config.defaults, self.model) if eng else {},
@@ -271,6 +272,12 @@ class NativeRenderer(Renderer):
     def whole(self, reqs):
         objs = [self.final(i, r, stream=False) for i, r in enumerate(reqs)]
         return objs[0] if len(objs) == 1 else objs
+
+
+def _tokens(req: "Request") -> list[int]:
+    """A request's tokens as llama-server lists them: the end-of-generation token that ended it last."""
+    eog = req.stats.eog_token
+    return req.tokens + [eog] if eog is not None else list(req.tokens)
 
 
 def _logit_bias_json(eng: "Engine", s) -> list[dict]:
