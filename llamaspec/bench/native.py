@@ -40,7 +40,8 @@ class NativeError(LlamaSpecError):
 
 
 @dataclass
-class NativeSettings:
+class RunSettings:
+    """What every engine's runs share: context, threads, sampling seed, GPU placement, speculative settings."""
     n_ctx: int
     n_batch: int
     threads: int
@@ -49,11 +50,14 @@ class NativeSettings:
     spec: SpecParams = field(default_factory=SpecParams)
     threads_batch: int = 0  # 0 = same as threads
     threads_draft: int = 0  # 0 = same as threads
-    n_gpu_layers: int = 0  # -1 = all layers
+    n_gpu_layers: int = 0  # -1 = all layers (the llamaspec runner gets models already loaded with it)
     n_gpu_layers_draft: int = 0
     main_gpu: int | None = None  # None = llama.cpp's default
     split_mode: str | None = None
     tensor_split: tuple[float, ...] | None = None
+    #: the thread counts were given (-t / -tb / -td): llamaspec uses them as given; else it gets none and
+    #: chooses each decode's count itself (llamaspec._llama.threads), as for a user who gives none
+    threads_given: bool = True
 
 
 def _ngl(n: int) -> str:
@@ -90,7 +94,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def common_args(s: NativeSettings) -> list[str]:
+def common_args(s: RunSettings) -> list[str]:
     """Context, threads, GPU offload and greedy sampling flags shared by both tools."""
     a = [
         "-c", str(s.n_ctx), "-b", str(s.n_batch), "-ub", str(s.n_batch),
@@ -108,7 +112,7 @@ def common_args(s: NativeSettings) -> list[str]:
     return a
 
 
-def draft_device_args(s: NativeSettings) -> list[str]:
+def draft_device_args(s: RunSettings) -> list[str]:
     """The draft model's GPU layers and threads (``-ngld``, ``-td``; its batch threads follow ``-tb``)."""
     return ["-ngld", _ngl(s.n_gpu_layers_draft), "-td", str(s.threads_draft or s.threads)]
 
