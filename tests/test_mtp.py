@@ -298,7 +298,7 @@ def test_bench_mode_draft_mtp_needs_no_draft_file():
     from llamaspec.bench.native import spec_args
 
     m = parse_mode("draft-mtp")
-    assert m.types == ("draft-mtp",) and not m.needs_draft and not m.is_ngram
+    assert m.types == ("draft-mtp",) and not m.needs_draft
     a = spec_args(m, SpecParams(), None)
     assert a[:2] == ["--spec-type", "draft-mtp"] and "-md" not in a and "--spec-draft-n-max" in a
 
