@@ -14,6 +14,7 @@ from llama_cpp.llama_grammar import LlamaGrammar, json_schema_to_gbnf
 from llama_cpp.llama_tokenizer import BaseLlamaTokenizer  # noqa: F401 - the base of compat's LlamaTokenizer
 from llama_cpp.llama_speculative import LlamaDraftModel
 
+from .context import GGML_TYPE_F16, GGML_TYPE_F32
 from .model import Model
 
 __all__ = [
@@ -22,8 +23,6 @@ __all__ = [
     "special_tokens", "model_kind", "fim_tokens", "GGML_TYPE_F16", "GGML_TYPE_F32", "split_mode_name", "DEFAULT_SEED",
 ]
 
-GGML_TYPE_F32 = 0
-GGML_TYPE_F16 = 1
 DEFAULT_SEED = int(native.LLAMA_DEFAULT_SEED)
 
 
