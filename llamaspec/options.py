@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import UsageError
 from .logprobs import ProbsSpec, check_probs
@@ -189,8 +189,3 @@ def resolve_sampling(sampling: "llama.SamplingParams", n_ctx_seq: int) -> "llama
         raise UsageError(f"repeat_last_n must be -1 (the context size), 0 (off) or up to the context size "
                          f"{n_ctx_seq}, got {n}")
     return sampling
-
-
-def stop_strings(stop: "str | Sequence[str] | None") -> tuple[str, ...]:
-    """A ``stop`` field as given by a user (one string, a list, None) as the tuple of its non-empty strings."""
-    return tuple(s for s in ([stop] if isinstance(stop, str) else list(stop or ())) if s)

@@ -98,10 +98,6 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self._queued or self._cancels or any(s.state not in _FREE for s in self.slots))
 
-    def has_queued(self, req: Request) -> bool:
-        with self._queue_lock:
-            return req in self._queued
-
     # -- admission (under the engine lock) -------------------------------------------------------------
     @staticmethod
     def free(slot: Slot) -> bool:

@@ -15,13 +15,46 @@ from click.testing import CliRunner
 from llamaspec.cli.main import main
 from llamaspec.auto import AUTO_NGRAM_K_START, AutoChain, GatedDrafter, SlotGate
 from llamaspec.drafters.base import DraftParams, Drafter
-from llamaspec.drafters.ngram_lookup import (NgramLookup, NgramLookupParams, best_length, default_verify_cost,
-                                              expected_len, lookup_draft)
+from llamaspec.drafters.ngram_lookup import (NgramLookup, NgramLookupParams, best_length_table, default_verify_cost,
+                                              expected_len)
 from llamaspec.engine import Engine
 from llamaspec.errors import UsageError
 from llamaspec.params import SpecParams, SpecType
 
 from helpers import EXACT
+
+
+def lookup_draft(seq: list[int], key_max: int, n: int) -> list[int]:
+    """Reference of the drafter's lookup (a plain scan): the longest suffix of ``seq`` of at most ``key_max``
+    tokens that occurred before, at its most recent place, and ``n`` tokens of what followed it (overlapping
+    copy)."""
+    L = len(seq)
+    best_e, best_k = -1, 0
+    for k in range(1, min(key_max, L - 1) + 1):
+        suf = list(seq[L - k:])
+        e = next((e for e in range(L - 2, k - 2, -1) if list(seq[e - k + 1: e + 1]) == suf), -1)
+        if e < 0:
+            break
+        best_e, best_k = e, k
+    if best_k == 0:
+        return []
+    out = list(seq)
+    src = best_e + 1
+    for _ in range(n):
+        out.append(out[src])
+        src += 1
+    return out[L:]
+
+
+def best_length(p1: float, q: float, k_max: int, verify_cost, floor: float = 1.0) -> int:
+    """Reference of ``best_length_table``: the ``k`` in ``0..k_max`` with the most ``expected_len`` per unit of
+    ``verify_cost(k)``, above ``floor`` (0: do not draft)."""
+    best_k, best = 0, max(floor, 1.0 / max(verify_cost(0), 1e-9))
+    for k in range(1, k_max + 1):
+        val = expected_len(p1, q, k) / max(verify_cost(k), 1e-9)
+        if val > best * (1 + 1e-6):
+            best_k, best = k, val
+    return best_k
 
 
 def fixed(n_max: int = 12, key_max: int = 4) -> NgramLookupParams:
@@ -83,6 +116,16 @@ def test_expected_len_and_best_length():
     # a floor (the draft model's measured gain) raises the bar
     assert best_length(0.5, 0.7, 16, default_verify_cost) > 0
     assert best_length(0.5, 0.7, 16, default_verify_cost, floor=2.0) == 0
+    assert lookup_draft([1, 2, 3, 9, 1, 2], 3, 3) == [3, 9, 1] and lookup_draft([1, 2, 3], 3, 3) == []
+
+
+@pytest.mark.parametrize("cost", [default_verify_cost, lambda k: 1.0 + 0.01 * k, lambda k: 1.0 + 0.5 * k])
+def test_best_length_table_equals_reference(cost):
+    vt = [cost(k) for k in range(33)]
+    for p in (0.1, 0.3, 0.6, 0.9):
+        for q in (0.3, 0.7, 0.95, 1.0):
+            for floor in (1.0, 2.0):
+                assert best_length_table(p, q, vt, 32, floor) == best_length(p, q, 32, cost, floor), (p, q, floor)
 
 
 def test_lookup_learns_to_stop_and_explores():

@@ -11,6 +11,7 @@ import pytest
 from llama_cpp import llama_cpp as native
 
 from llamaspec import _llama as L
+from llamaspec._llama import ext
 from llamaspec.chat import apply_chat_template
 from llamaspec.errors import (
     ContextError,
@@ -195,16 +196,9 @@ def test_bad_grammar(llama):
         L.Sampler.from_params(llama.vocab, L.SamplingParams(grammar="root ::= ("))
 
 
-def test_staging_symbols_feature_detected():
-    names = L.staging.names()
-    assert set(names) >= {"llama_set_embeddings_nextn", "llama_get_embeddings_layer_inp", "llama_model_target_layer_ids"}
-    # a default shared build exports the staging API (spec §12.2)
-    assert names["llama_set_embeddings_nextn"]
-
-
 def test_target_layer_ids(tiny_model):
     with L.Model(tiny_model("eagle3")) as m:
-        assert L.model_target_layer_ids(m) == [0, 1, 2]
+        assert ext.model_target_layer_ids(m) == [0, 1, 2]
 
 
 def test_log_routed_to_logging(tiny_model, caplog):
@@ -339,7 +333,7 @@ def test_vocab_use_after_close_raises(tiny_model):
         lambda: vocab.get_text(5),
         lambda: vocab.suppress_tokens,
         lambda: model.meta("general.architecture"),
-        lambda: L.model_target_layer_ids(model),
+        lambda: ext.model_target_layer_ids(model),
     ):
         with pytest.raises(LlamaSpecError, match="is closed"):
             call()

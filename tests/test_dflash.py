@@ -132,7 +132,7 @@ def test_bench_modes_for_heads():
 
     for t in ("draft-eagle3", "draft-dflash", "draft-dspark"):
         m = parse_mode(t)
-        assert m.types == (t,) and m.needs_draft and not m.is_ngram
+        assert m.types == (t,) and m.needs_draft
         a = spec_args(m, SpecParams(), "head.gguf")
         assert a[:2] == ["--spec-type", t] and a[a.index("-md") + 1] == "head.gguf"
 

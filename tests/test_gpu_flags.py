@@ -229,13 +229,13 @@ def test_bench_flags_reach_llamaspec_engine(loads, contexts, tmp_path):
 
 
 def test_bench_default_stays_on_cpu_and_native_args():
-    from llamaspec.bench.native import NativeSettings, common_args, draft_device_args
-    from llamaspec.bench.runners import RunSettings, _lcp_placement
+    from llamaspec.bench.native import RunSettings, common_args, draft_device_args
+    from llamaspec.bench.runners import _lcp_placement
     from llamaspec.params import SpecParams
 
-    a = common_args(NativeSettings(64, 32, 4, True, 1))
+    a = common_args(RunSettings(64, 32, 4, True, 1))
     assert a[a.index("-ngl") + 1] == "0" and a[a.index("-tb") + 1] == "4" and "-sm" not in a and "-ts" not in a
-    s = NativeSettings(64, 32, 4, True, 1, threads_batch=6, threads_draft=2, n_gpu_layers=-1, n_gpu_layers_draft=5,
+    s = RunSettings(64, 32, 4, True, 1, threads_batch=6, threads_draft=2, n_gpu_layers=-1, n_gpu_layers_draft=5,
                        main_gpu=1, split_mode="row", tensor_split=(3.0, 1.0))
     a = common_args(s)
     assert [a[a.index(f) + 1] for f in ("-t", "-tb", "-ngl", "-mg", "-sm", "-ts")] == ["4", "6", "all", "1", "row", "3.0,1.0"]

@@ -102,7 +102,6 @@ def test_ext_wrappers_guard_native_aborts(mtp_models):
             assert (ext.get_embeddings_nextn_ith(tgt, 2) == h[2]).all()
             assert ext.get_embeddings_layer_inp(tgt, 2, 4).shape == (4, m.n_embd)
             assert ext.get_ctx_other(dft) is None  # only gemma4-assistant keeps ctx_other (spec §4.4)
-            assert ext.get_tok_embd(m).shape == (m.vocab.n_tokens, m.n_embd)
             assert ext.model_target_layer_ids(m) == [] and ext.dflash_selector_top_k(m) == 0
     finally:
         m.close()
@@ -298,7 +297,7 @@ def test_bench_mode_draft_mtp_needs_no_draft_file():
     from llamaspec.bench.native import spec_args
 
     m = parse_mode("draft-mtp")
-    assert m.types == ("draft-mtp",) and not m.needs_draft and not m.is_ngram
+    assert m.types == ("draft-mtp",) and not m.needs_draft
     a = spec_args(m, SpecParams(), None)
     assert a[:2] == ["--spec-type", "draft-mtp"] and "-md" not in a and "--spec-draft-n-max" in a
 

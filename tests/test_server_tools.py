@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from llamaspec._llama.chat_template import render_jinja_chat_template
+from llamaspec._llama.chat_template import compiled
 from llamaspec.server.errors import ApiError
 from llamaspec.server.tools import ToolStream, message_extras, parse_output, parse_tools
 
@@ -178,12 +178,12 @@ def test_template_gets_tools_and_tool_messages():
                 {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
     parsed = [{"role": m["role"], "content": m["content"] or "", **message_extras(m, i)} for i, m in enumerate(msgs)]
-    text = render_jinja_chat_template(TEMPLATE, parsed, bos_token="", eos_token="", tools=TOOLS)
+    text = compiled(TEMPLATE, "", "").render(parsed, tools=TOOLS)
     assert '"name": "get_weather", "description": "The weather in a city"' in text  # tools | tojson
     # arguments: an object for | tojson, its JSON text when printed
     assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}} {"city": "Paris"}</tool_call>' in text
     assert "<tool_response>c1: sunny</tool_response>" in text
-    assert "Tools:" not in render_jinja_chat_template(TEMPLATE, parsed[:1], bos_token="", eos_token="")
+    assert "Tools:" not in compiled(TEMPLATE, "", "").render(parsed[:1])
 
 
 @pytest.mark.parametrize("m,field", [

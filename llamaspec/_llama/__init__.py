@@ -10,7 +10,7 @@ raises :class:`~llamaspec.errors.LlamaSpecError` instead of handing a NULL point
 * :mod:`.context` - :class:`Context`, :class:`Row`, :func:`output_limits`, :func:`chunks`; :mod:`.kv_memory` -
   :class:`Memory` (a context's sequence operations); :mod:`.token_batch` - the hot loop's token batch
 * :mod:`.sampler` - :class:`SamplingParams`, :class:`Sampler`; :mod:`.sampler_chain` - llama.cpp's sampler order
-* :mod:`.staging` - the staging (``llama-ext.h``) symbols, bound by exported name
+* :mod:`.ext` - the staging (``llama-ext.h``) functions of the draft heads, bound by exported name
 * :mod:`.json_schema` - :func:`json_schema_to_grammar` (JSON schema -> GBNF, llama-server's converter; llama-cpp-python's on request)
 * :mod:`.state_file` - sequence-state files (llama-server's slot files)
 * :mod:`.rpc` - llama.cpp's RPC backend (``ggml-rpc-server`` devices for model loading), bound by name
@@ -38,12 +38,11 @@ from .context import (
 )
 from .json_schema import chat_schema_grammar, json_schema_to_grammar
 from .kv_memory import Memory
-from .log import LLAMA_CPP_PYTHON_VERSION, backend_init, system_info
+from .log import LLAMA_CPP_PYTHON_VERSION, backend_init
 from .model import TOKEN_NULL, Model, Vocab, render_builtin_chat_template, supports_gpu_offload
 from .threads import ThreadTuner
 from .sampler import DEFAULT_SEED, Candidates, Sampler, SamplingParams
 from .sampler_chain import DEFAULT_ORDER as SAMPLER_ORDER, picks_in_chain, sampler_order
-from .staging import model_target_layer_ids, staging
 from .state_file import seq_load_file, seq_save_file
 from . import rpc
 
@@ -78,14 +77,11 @@ __all__ = [
     "default_threads",
     "json_schema_to_grammar",
     "chat_schema_grammar",
-    "model_target_layer_ids",
     "output_limits",
     "render_builtin_chat_template",
     "rpc",
     "seq_load_file",
     "seq_save_file",
-    "staging",
-    "system_info",
 ]
 
 # doctest.testmod("llamaspec._llama") only looks at objects defined in this module: name the worked examples

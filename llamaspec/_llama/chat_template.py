@@ -13,7 +13,7 @@ from typing import Any
 
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-__all__ = ["JinjaTemplate", "compiled", "render_jinja_chat_template"]
+__all__ = ["JinjaTemplate", "compiled"]
 
 
 class JinjaTemplate:
@@ -42,11 +42,3 @@ class JinjaTemplate:
 def compiled(template: str, bos_token: str, eos_token: str) -> JinjaTemplate:
     """The :class:`JinjaTemplate` of ``template`` with these special-token texts, compiled on first use."""
     return JinjaTemplate(template, bos_token=bos_token, eos_token=eos_token)
-
-
-def render_jinja_chat_template(template: str, messages: list[dict[str, str]], *, bos_token: str, eos_token: str,
-                               add_assistant: bool = True, tools: list[dict] | None = None) -> str:
-    """Render ``messages`` with the Jinja2 ``template`` (compiled once, :func:`compiled`), as it is: no BOS
-    rule (that is :meth:`llamaspec.chat.ChatTemplate.render`'s). Raises whatever Jinja2 raises on a template it
-    cannot parse or render."""
-    return compiled(template, bos_token, eos_token).render(messages, add_assistant=add_assistant, tools=tools or None)

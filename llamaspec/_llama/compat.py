@@ -10,20 +10,19 @@ from typing import Any, Callable
 
 from llama_cpp import llama_cpp as native
 from llama_cpp import llama_chat_format as _chat_format
-from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, json_schema_to_gbnf
+from llama_cpp.llama_grammar import LlamaGrammar, json_schema_to_gbnf
 from llama_cpp.llama_tokenizer import BaseLlamaTokenizer  # noqa: F401 - the base of compat's LlamaTokenizer
-from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
+from llama_cpp.llama_speculative import LlamaDraftModel
 
+from .context import GGML_TYPE_F16, GGML_TYPE_F32
 from .model import Model
 
 __all__ = [
-    "JSON_GBNF", "LlamaDraftModel", "LlamaGrammar", "LlamaPromptLookupDecoding", "chat_handler_for",
-    "formatter_chat_handler", "grammar_text", "guess_chat_format", "jinja_chat_handler", "json_schema_grammar", "metadata",
+    "LlamaDraftModel", "LlamaGrammar", "chat_handler_for",
+    "formatter_chat_handler", "grammar_text", "guess_chat_format", "json_schema_grammar", "metadata",
     "special_tokens", "model_kind", "fim_tokens", "GGML_TYPE_F16", "GGML_TYPE_F32", "split_mode_name", "DEFAULT_SEED",
 ]
 
-GGML_TYPE_F32 = 0
-GGML_TYPE_F16 = 1
 DEFAULT_SEED = int(native.LLAMA_DEFAULT_SEED)
 
 
@@ -91,17 +90,9 @@ def chat_handler_for(name: str) -> Callable[..., Any]:
         raise ValueError(f"unknown chat_format {name!r} (known: {known})") from e
 
 
-def jinja_chat_handler(template: str, *, eos_token: str, bos_token: str, eos_token_id: int) -> Callable[..., Any]:
-    """A chat handler rendering ``template`` with Jinja2 (what ``llama_cpp.Llama`` builds from a GGUF's
-    ``tokenizer.chat_template``)."""
-    fmt = _chat_format.Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token,
-                                           stop_token_ids=[eos_token_id])
-    return fmt.to_chat_handler()
-
-
 def formatter_chat_handler(render: Callable[..., str], *, eos_token: str, eos_token_id: int) -> Callable[..., Any]:
-    """A chat handler like :func:`jinja_chat_handler`'s (stop at the ``eos_token`` text and at token
-    ``eos_token_id``), whose prompt is ``render(messages, tools=..., functions=..., function_call=...,
+    """A chat handler like the one ``llama_cpp.Llama`` builds from a GGUF's Jinja template (stop at the
+    ``eos_token`` text and at token ``eos_token_id``), whose prompt is ``render(messages, tools=..., functions=..., function_call=...,
     tool_choice=..., **template_kwargs)``: text that is tokenised with the vocabulary's own BOS/EOS
     (``llama.tokenize(add_bos=True, special=True)``), so ``render`` applies llama.cpp's BOS rule."""
     from llama_cpp import llama as _llama_high

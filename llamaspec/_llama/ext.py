@@ -16,7 +16,7 @@ Wrappers (take a :class:`Context` / :class:`Model` or a raw native pointer; retu
   (EAGLE-3 / DFlash features), ``n_embd`` floats for every row of the last batch, in batch order.
 * :func:`set_nextn_layer_offset` - which appended nextn block an MTP context runs (chained heads).
 * :func:`get_ctx_other`, :func:`ctx_other_is` - the context linked through ``ctx_other`` (NULL -> None).
-* :func:`model_target_layer_ids`, :func:`dflash_selector_top_k`, :func:`get_tok_embd` - draft-model metadata.
+* :func:`model_target_layer_ids`, :func:`dflash_selector_top_k` - draft-model metadata.
 
 The native functions abort the process on some bad arguments (``set_embeddings_layer_inp`` with ``lid >
 n_layer``, ``get_embeddings_layer_inp`` of a layer that was never extracted); the wrappers check those first.
@@ -83,10 +83,6 @@ SPECS: dict[str, tuple[tuple[str, ...], list, Any]] = {
         ("llama_model_dflash_selector_top_k", "_Z33llama_model_dflash_selector_top_kPK11llama_model",
          "?llama_model_dflash_selector_top_k@@YAHPEBUllama_model@@@Z"),
         [_c_model], ctypes.c_int32),
-    "llama_model_get_tok_embd": (
-        ("llama_model_get_tok_embd", "_Z24llama_model_get_tok_embdPK11llama_modelPf",
-         "?llama_model_get_tok_embd@@YAIPEBUllama_model@@PEAM@Z"),
-        [_c_model, _f_ptr], ctypes.c_uint32),
 }
 
 #: what each drafter needs (for :func:`require` / ``llamaspec probe``)
@@ -317,23 +313,6 @@ def dflash_selector_top_k(model) -> int:
     return int(fn("llama_model_dflash_selector_top_k")(_ptr(model)))
 
 
-def get_tok_embd(model, n_embd: int | None = None) -> np.ndarray | None:
-    """The model's token-embedding matrix as float32 ``(n_vocab, n_embd)`` (None when it has none)."""
-    mp = _ptr(model)
-    f = fn("llama_model_get_tok_embd")
-    n = int(f(mp, None))
-    if n == 0:
-        return None
-    buf = np.empty(n, dtype=np.float32)
-    got = int(f(mp, buf.ctypes.data_as(_f_ptr)))
-    if got != n:
-        raise DecodeError(f"llama_model_get_tok_embd wrote {got} of {n} floats")
-    w = int(n_embd) if n_embd is not None else int(getattr(model, "n_embd", 0) or 0)
-    if w <= 0 or n % w:
-        return buf.reshape(1, -1)
-    return buf.reshape(-1, w)
-
-
 __all__ = [
     "NEEDS",
     "SPECS",
@@ -345,7 +324,6 @@ __all__ = [
     "get_embeddings_layer_inp",
     "get_embeddings_nextn",
     "get_embeddings_nextn_ith",
-    "get_tok_embd",
     "missing",
     "model_target_layer_ids",
     "require",

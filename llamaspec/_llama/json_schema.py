@@ -1,6 +1,6 @@
 """JSON schema -> GBNF grammar: llama-server's (:mod:`.schema_grammar`, the rules of the pinned llama.cpp's
-``json-schema-to-grammar``), or llama-cpp-python's older ``json_schema_to_gbnf`` (``llama_cpp.Llama``'s, for the
-Python drop-in). Remote ``$ref`` fetching stays off: a schema can only refer to itself.
+``json-schema-to-grammar``; the Python drop-in keeps llama-cpp-python's own, :mod:`.compat`). Remote ``$ref``
+fetching stays off: a schema can only refer to itself.
 
 >>> print(json_schema_to_grammar({"const": "42"}).splitlines()[0])
 root ::= "\\"42\\""
@@ -8,17 +8,10 @@ root ::= "\\"42\\""
 Traceback (most recent call last):
 ...
 ValueError: JSON schema error at #: unrecognized type hiccup
->>> json_schema_to_grammar({"type": "hiccup"}, converter="llama-cpp-python")
-Traceback (most recent call last):
-...
-ValueError: Unrecognized schema: {'type': 'hiccup'}
 """
 from __future__ import annotations
 
-import json
 from typing import Any
-
-from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from .grammar_limits import check_schema
 from .schema_grammar import _Converter, json_schema_grammar, read_schema
@@ -53,15 +46,11 @@ def chat_schema_grammar(schema: Any) -> str:
     return _checked(schema, build)
 
 
-def _check(schema: Any) -> None:
+def _checked(schema: Any, build) -> str:
+    """``build(schema)`` (llama-server's converter) after the checks, its errors as ValueError."""
     if not isinstance(schema, dict):
         raise ValueError(f"a JSON schema is an object, got {type(schema).__name__}")
     check_schema(schema)  # the converter writes every repetition out: a huge count would cost the process
-
-
-def _checked(schema: Any, build) -> str:
-    """``build(schema)`` (llama-server's converter) after the checks, its errors as ValueError."""
-    _check(schema)
     try:
         return build(schema)
     except ValueError as e:  # llama-server's message
@@ -70,20 +59,7 @@ def _checked(schema: Any, build) -> str:
         raise ValueError("the schema nests (or refers to itself) too deeply") from None
 
 
-def json_schema_to_grammar(schema: Any, converter: str = "llama-server") -> str:
-    """The GBNF grammar of ``schema`` (a JSON object); :class:`ValueError` saying what is wrong with it.
-    ``converter``: ``"llama-server"`` (the grammar llama-server builds) or ``"llama-cpp-python"``."""
-    if converter == "llama-server":
-        return _checked(schema, json_schema_grammar)
-    _check(schema)
-    try:
-        return json_schema_to_gbnf(json.dumps(schema))
-    except RecursionError:
-        raise ValueError("the schema nests (or refers to itself) too deeply") from None
-    except Exception as e:  # noqa: BLE001 - the converter asserts, or fails on a value of the wrong type
-        msg = str(e) or type(e).__name__
-        if msg.startswith("Fetching remote schemas"):
-            msg = "a $ref to a remote schema (https://...) is not fetched: put the schema it refers to inline"
-        elif isinstance(e, (AttributeError, TypeError, KeyError, IndexError)):
-            msg = f"a value of the wrong type or shape in the schema ({type(e).__name__}: {msg})"
-        raise ValueError(msg) from None
+def json_schema_to_grammar(schema: Any) -> str:
+    """The GBNF grammar llama-server builds for ``schema`` (a JSON object); :class:`ValueError` saying what is
+    wrong with it."""
+    return _checked(schema, json_schema_grammar)

@@ -134,8 +134,3 @@ def _last_native_error(default: str = "") -> str:
         if "error" in line or "failed" in line:
             return line.strip()
     return errs[-1]
-
-
-def system_info() -> str:
-    backend_init()
-    return native.llama_print_system_info().decode("utf-8", errors="replace")

@@ -31,6 +31,28 @@ def library_dir() -> Path:
     return Path(native._lib._name).resolve().parent
 
 
+def ggml_libraries() -> list[ctypes.CDLL]:
+    """libggml and libggml-base next to libllama (already loaded by it: the same handles)."""
+    libs = []
+    for stem in ("libggml", "libggml-base"):
+        for suffix in (".so", ".dylib", ".dll"):
+            p = library_dir() / f"{stem}{suffix}"
+            if p.exists():
+                libs.append(ctypes.CDLL(str(p)))
+                break
+    return libs
+
+
+def bind(libs, name: str, res, args):
+    """The first of ``libs`` that exports ``name``, bound with ``res`` / ``args`` (None: none does)."""
+    for lib in libs:
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype, fn.argtypes = res, args
+            return fn
+    return None
+
+
 class _Ggml:
     """ggml functions llama-cpp-python does not bind, looked up in libggml / libggml-base next to libllama."""
 
@@ -50,30 +72,15 @@ class _Ggml:
     }
 
     def __init__(self) -> None:
-        d = library_dir()
-        libs = []
-        for stem in ("libggml", "libggml-base"):
-            for suffix in (".so", ".dylib", ".dll"):
-                p = d / f"{stem}{suffix}"
-                if p.exists():
-                    libs.append(ctypes.CDLL(str(p)))  # already loaded by libllama: the same handle
-                    break
+        libs = ggml_libraries()
         missing = []
         for name, (res, args) in self._SIGS.items():
-            fn = None
-            for lib in libs:
-                try:
-                    fn = getattr(lib, name)
-                    break
-                except AttributeError:
-                    continue
+            fn = bind(libs, name, res, args)
             if fn is None:
                 missing.append(name)
-                continue
-            fn.restype, fn.argtypes = res, args
             setattr(self, name, fn)
         if missing:
-            raise RpcError(f"the ggml library in {d} lacks {', '.join(missing)}: cannot use RPC with it; {BUILD_HINT}")
+            raise RpcError(f"the ggml library in {library_dir()} lacks {', '.join(missing)}: cannot use RPC with it; {BUILD_HINT}")
 
 
 _ggml: _Ggml | None = None

@@ -31,8 +31,7 @@ from .schema_rules import (PRIMITIVE_RULES, STRING_FORMAT_RULES, SPACE_RULE, _IN
 
 
 class _Converter:
-    def __init__(self, dotall: bool = False):
-        self.dotall = dotall
+    def __init__(self):
         self.rules: dict[str, str] = {"space": SPACE_RULE}
         self.resolving: set[str] = set()
         self.errors: list[str] = []
@@ -90,7 +89,7 @@ class _Converter:
             return '"' + item[0] + '"' if item[1] else item[0]
 
         def dot() -> str:
-            return self.add_rule("dot", r"[\U00000000-\U0010FFFF]" if self.dotall else r"[^\x0A\x0D]")
+            return self.add_rule("dot", r"[^\x0A\x0D]")  # llama-server's converter never runs with dotall
 
         def transform() -> tuple[str, bool]:
             seq: list[tuple[str, bool]] = []

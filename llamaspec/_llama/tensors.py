@@ -28,30 +28,15 @@ _PAIR_SIZE, _STR_SIZE = 40, 32
 
 class _Fns:
     def __init__(self) -> None:
-        from .rpc import library_dir
+        from .rpc_ggml import bind, ggml_libraries
 
-        d = library_dir()
-        libs = [native._lib]
-        for stem in ("libggml-base", "libggml"):
-            for suffix in (".so", ".dylib", ".dll"):
-                p = d / f"{stem}{suffix}"
-                if p.exists():
-                    libs.append(ctypes.CDLL(str(p)))  # already loaded by libllama: the same handle
-                    break
+        libs = [native._lib, *ggml_libraries()]
 
-        def find(name: str, res, args):
-            for lib in libs:
-                fn = getattr(lib, name, None)
-                if fn is not None:
-                    fn.restype, fn.argtypes = res, args
-                    return fn
-            return None
-
-        self.tensor_map = find(_MAP_SYMBOL, ctypes.c_void_p, [ctypes.c_void_p])
-        self.tensor_set = find("ggml_backend_tensor_set", None,
+        self.tensor_map = bind(libs, _MAP_SYMBOL, ctypes.c_void_p, [ctypes.c_void_p])
+        self.tensor_set = bind(libs, "ggml_backend_tensor_set", None,
                                [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t])
-        self.nbytes = find("ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p])
-        self.get_name = find("ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p])
+        self.nbytes = bind(libs, "ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p])
+        self.get_name = bind(libs, "ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p])
 
     @property
     def ok(self) -> bool:

@@ -96,11 +96,6 @@ class Mode:
         """Greedy output must equal plain greedy output (false for synthetic acceptance)."""
         return self.synth_len is None
 
-    @property
-    def is_ngram(self) -> bool:
-        """Every drafter is an n-gram drafter (drafting cost ~0 in the speedup model)."""
-        return bool(self.types) and all(t.startswith("ngram-") for t in self.types)
-
     def spec_params(self, template: SpecParams | None = None) -> SpecParams:
         """The llamaspec parameters for this mode: ``template``'s settings (n_max, n-gram sizes) with this
         mode's types and synthetic length; a named drafter drafts at the fixed length native engines get,

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import LlamaSpecError
 from ..params import SpecParams
@@ -40,7 +40,8 @@ class NativeError(LlamaSpecError):
 
 
 @dataclass
-class NativeSettings:
+class RunSettings:
+    """What every engine's runs share: context, threads, sampling seed, GPU placement, speculative settings."""
     n_ctx: int
     n_batch: int
     threads: int
@@ -49,11 +50,14 @@ class NativeSettings:
     spec: SpecParams = field(default_factory=SpecParams)
     threads_batch: int = 0  # 0 = same as threads
     threads_draft: int = 0  # 0 = same as threads
-    n_gpu_layers: int = 0  # -1 = all layers
+    n_gpu_layers: int = 0  # -1 = all layers (the llamaspec runner gets models already loaded with it)
     n_gpu_layers_draft: int = 0
     main_gpu: int | None = None  # None = llama.cpp's default
     split_mode: str | None = None
     tensor_split: tuple[float, ...] | None = None
+    #: the thread counts were given (-t / -tb / -td): llamaspec uses them as given; else it gets none and
+    #: chooses each decode's count itself (llamaspec._llama.threads), as for a user who gives none
+    threads_given: bool = True
 
 
 def _ngl(n: int) -> str:
@@ -90,7 +94,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def common_args(s: NativeSettings) -> list[str]:
+def common_args(s: RunSettings) -> list[str]:
     """Context, threads, GPU offload and greedy sampling flags shared by both tools."""
     a = [
         "-c", str(s.n_ctx), "-b", str(s.n_batch), "-ub", str(s.n_batch),
@@ -108,7 +112,7 @@ def common_args(s: NativeSettings) -> list[str]:
     return a
 
 
-def draft_device_args(s: NativeSettings) -> list[str]:
+def draft_device_args(s: RunSettings) -> list[str]:
     """The draft model's GPU layers and threads (``-ngld``, ``-td``; its batch threads follow ``-tb``)."""
     return ["-ngld", _ngl(s.n_gpu_layers_draft), "-td", str(s.threads_draft or s.threads)]
 
@@ -192,14 +196,16 @@ def per_pos_from_metrics(m: dict[str, float]) -> list[int]:
     return [pos.get(i, 0) for i in range(max(pos) + 1)] if pos else []
 
 
-class Server:
-    """One ``llama-server`` process on a free loopback port."""
+class HttpServer:
+    """A server process (``cmd(port)``) on a free loopback port, ready once ``/health`` answers; its output
+    goes to a log file in ``log_dir``."""
 
-    def __init__(self, binary: Path, model: str, args: Sequence[str], *, log_dir: str | None = None, label: str = "server"):
-        self.binary, self.model, self.args, self.label = binary, model, list(args), label
+    def __init__(self, label: str, cmd: Callable[[int], list[str]], log_dir: str | None = None, env: dict | None = None):
+        self.label, self._cmd, self.env = label, cmd, env
         self.port = 0
         self.proc: subprocess.Popen | None = None
-        fd, self.log_path = tempfile.mkstemp(prefix=f"llamaspec-bench-{label.replace('/', '_')}-", suffix=".log", dir=log_dir)
+        fd, self.log_path = tempfile.mkstemp(prefix=f"llamaspec-bench-{label.replace('/', '_').replace(' ', '_')}-",
+                                             suffix=".log", dir=log_dir)
         os.close(fd)
 
     @property
@@ -207,18 +213,15 @@ class Server:
         return f"http://{LOOPBACK}:{self.port}"
 
     def command(self) -> list[str]:
-        return [str(self.binary), "-m", str(self.model), "--host", LOOPBACK, "--port", str(self.port), "-np", "1",
-                "--metrics", "--no-webui", "--cache-ram", "0", "-lv", "3", *self.args]
+        return self._cmd(self.port)
 
     def start(self, timeout: float = 300.0) -> None:
         last_err = ""
         for _attempt in range(3):  # a port taken between free_port() and bind: try another one
             self.port = free_port()
-            log = open(self.log_path, "ab")
-            try:
-                self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-            finally:
-                log.close()
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, env=self.env)
             t0 = time.monotonic()
             while time.monotonic() - t0 < timeout:
                 if self.proc.poll() is not None:
@@ -231,16 +234,42 @@ class Server:
                     time.sleep(0.2)
             else:
                 self.stop()
-                raise NativeError(f"{self.label}: llama-server did not become ready in {timeout:.0f} s; log: {self.log_path}")
+                raise NativeError(f"{self.label} did not become ready in {timeout:.0f} s; log: {self.log_path}")
             if "bind" not in last_err and "address already in use" not in last_err.lower():
                 break
-        raise NativeError(f"{self.label}: llama-server exited at start-up: {last_err.strip()[-600:]} (log: {self.log_path})")
+        raise NativeError(f"{self.label} exited at start-up: {last_err.strip()[-600:]} (log: {self.log_path})")
 
     def log_tail(self, n: int = 4000) -> str:
         try:
             return Path(self.log_path).read_text(errors="replace")[-n:]
         except OSError:  # pragma: no cover
             return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                self.proc.kill()
+                self.proc.wait(timeout=20)
+        self.proc = None
+
+    def remove_log(self) -> None:
+        try:
+            os.unlink(self.log_path)
+        except OSError:  # pragma: no cover
+            pass
+
+
+class Server(HttpServer):
+    """One ``llama-server`` process, one slot, with ``/metrics``."""
+
+    def __init__(self, binary: Path, model: str, args: Sequence[str], *, log_dir: str | None = None, label: str = "server"):
+        self.binary, self.model, self.args = binary, model, list(args)
+        super().__init__(label, lambda port: [str(self.binary), "-m", str(self.model), "--host", LOOPBACK, "--port",
+                                              str(port), "-np", "1", "--metrics", "--no-webui", "--cache-ram", "0",
+                                              "-lv", "3", *self.args], log_dir)
 
     def metrics(self) -> dict[str, float]:
         return parse_metrics(_http(self.base + "/metrics", timeout=60).decode("utf-8", "replace"))
@@ -263,22 +292,6 @@ class Server:
             after = self.metrics()
         delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         return res, delta
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                self.proc.kill()
-                self.proc.wait(timeout=15)
-        self.proc = None
-
-    def remove_log(self) -> None:
-        try:
-            os.unlink(self.log_path)
-        except OSError:  # pragma: no cover
-            pass
 
 
 # -------------------------------------------------------------------------------------------------

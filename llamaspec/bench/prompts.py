@@ -22,8 +22,6 @@ SHIPPED = Path(__file__).with_name("prompts.jsonl")
 
 #: the categories of the shipped set, in report order
 CATEGORIES = ("code-completion", "code-edit", "summarisation", "qa", "chat")
-#: categories whose outputs copy a lot from the prompt (where n-gram drafting / prompt lookup should help)
-COPY_HEAVY = ("code-edit",)
 
 
 @dataclass(frozen=True)

@@ -355,16 +355,31 @@ def require_matplotlib() -> None:
         raise UsageError("PNG plots need matplotlib: install llamaspec[plot] (pip install 'llamaspec[plot]')") from None
 
 
-def plot_png(report: dict, path: str | os.PathLike) -> None:
-    """Speedup over plain by mode and engine (left) and decode tokens/s with min–max whiskers (right)."""
-    import io
-
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display), or a UsageError as :func:`require_matplotlib`."""
     require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_png(fig, path: str | os.PathLike) -> None:
+    """``fig`` laid out and written as a PNG (atomically), then closed."""
+    import io
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    pyplot().close(fig)
+    write_atomic(path, buf.getvalue())
+
+
+def plot_png(report: dict, path: str | os.PathLike) -> None:
+    """Speedup over plain by mode and engine (left) and decode tokens/s with min–max whiskers (right)."""
+    plt = pyplot()
     rows = report["rows"]
     engines = [e for e in report["settings"]["engines"] if any(r["engine"] == e for r in rows)]
     modes = [m for m in row_modes(report) if any(r["mode"] == m for r in rows)]
@@ -405,8 +420,4 @@ def plot_png(report: dict, path: str | os.PathLike) -> None:
     fig.suptitle(f"{s['target']}" + (f" + {s['draft']}" if s.get("draft") else "") +
                  f" — {s['n_prompts']} prompts x {s['n_predict']} tokens, {s['repeats']} repeat(s), {s['threads']} threads",
                  fontsize=10)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    save_png(fig, path)

@@ -6,6 +6,7 @@ Models are loaded once per runner and reused by every run.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -13,9 +14,8 @@ from typing import Sequence
 
 from .. import _llama as llama
 from .._llama import lcp
-from ..params import SpecParams
 from .modes import Mode
-from .native import (SERVER, SPEC_SIMPLE, NativeSettings, Server, common_args, draft_device_args, find_tool,
+from .native import (SERVER, SPEC_SIMPLE, RunSettings, Server, common_args, draft_device_args, find_tool,
                      per_pos_from_metrics, run_spec_simple_parsed, spec_args)
 from .stats import RunResult
 
@@ -34,26 +34,6 @@ class BenchPrompt:
     text: str
     tokens: tuple[int, ...]
     piece_prefix: str  # the prompt as llama-speculative-simple echoes it (pieces with special tokens)
-
-
-@dataclass
-class RunSettings:
-    n_ctx: int
-    n_batch: int
-    threads: int
-    flash_attn: bool
-    seed: int
-    spec: SpecParams
-    threads_batch: int = 0  # 0 = same as threads
-    threads_draft: int = 0  # 0 = same as threads
-    n_gpu_layers: int = 0  # -1 = all layers (the llamaspec runner gets models already loaded with it)
-    n_gpu_layers_draft: int = 0
-    main_gpu: int | None = None  # None = llama.cpp's default
-    split_mode: str | None = None
-    tensor_split: tuple[float, ...] | None = None
-    #: the thread counts were given (-t / -tb / -td): llamaspec uses them as given; else it gets none and
-    #: chooses each decode's count itself (llamaspec._llama.threads), as for a user who gives none
-    threads_given: bool = True
 
 
 def _lcp_placement(s: RunSettings) -> dict:
@@ -182,13 +162,10 @@ class NativeRunner(Runner):
         self.log_dir = log_dir
         self.commands: dict[str, list[str]] = {}
 
-    def nsettings(self, mode: Mode) -> NativeSettings:
+    def nsettings(self, mode: Mode) -> RunSettings:
         s, t = self.s, mode.threads
-        return NativeSettings(s.n_ctx, s.n_batch, t or s.threads, s.flash_attn, s.seed, s.spec,
-                              threads_batch=t or s.threads_batch, threads_draft=t or s.threads_draft,
-                              n_gpu_layers=s.n_gpu_layers,
-                              n_gpu_layers_draft=s.n_gpu_layers_draft, main_gpu=s.main_gpu, split_mode=s.split_mode,
-                              tensor_split=s.tensor_split)
+        return dataclasses.replace(s, threads=t or s.threads, threads_batch=t or s.threads_batch,
+                                   threads_draft=t or s.threads_draft)
 
     def tool(self, mode: Mode) -> str:
         if not self.force_server and mode.types == ("draft-simple",) and mode.synth_len is None:

@@ -19,18 +19,17 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.error
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import LlamaSpecError, UsageError
-from .native import LOOPBACK, SERVER, _http, find_tool, free_port
+from .native import LOOPBACK, SERVER, _http, find_tool
+from .native import HttpServer as _Process
 from .prompts import Prompt
 from .server_variants import ServerVariant, parse_variants, sweep_variants
 
@@ -90,44 +89,8 @@ def default_variants(draft: str | None, quick: bool) -> str:
     return sweep_variants(draft)
 
 
-class HttpServer:
-    """A server process on a free loopback port, ready once ``/health`` answers."""
-
-    def __init__(self, label: str, cmd: Callable[[int], list[str]], log_dir: str, env: dict | None = None):
-        self.label, self._cmd, self.env = label, cmd, env
-        self.port = 0
-        self.proc: subprocess.Popen | None = None
-        self.log_path = os.path.join(log_dir, label.replace(" ", "_") + ".log")
-
-    @property
-    def base(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    def command(self) -> list[str]:
-        return self._cmd(self.port)
-
-    def start(self, timeout: float = 300.0) -> None:
-        self.port = free_port()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.env)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise LlamaSpecError(f"{self.label} exited at start-up: {self.log_tail()[-600:]}")
-            try:
-                _http(self.base + "/health", timeout=5)
-                return
-            except (urllib.error.URLError, OSError, ConnectionError):
-                time.sleep(0.2)
-        self.stop()
-        raise LlamaSpecError(f"{self.label} did not become ready in {timeout:.0f} s; log: {self.log_path}")
-
-    def log_tail(self) -> str:
-        try:
-            return Path(self.log_path).read_text(errors="replace")[-4000:]
-        except OSError:  # pragma: no cover
-            return ""
+class HttpServer(_Process):
+    """A server under test (``llamaspec serve`` or llama-server), answering greedy completions."""
 
     def complete(self, tokens: Sequence[int], n_predict: int, seed: int, conn: "KeepAlive | None" = None) -> dict:
         """One greedy completion, on ``conn`` (a client's keep-alive connection) or a connection of its own."""
@@ -142,16 +105,6 @@ class HttpServer:
 
     def connect(self) -> "KeepAlive":
         return KeepAlive(self.port)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                self.proc.kill()
-                self.proc.wait(timeout=20)
-        self.proc = None
 
 
 class KeepAlive:

@@ -127,16 +127,9 @@ def sweep_variants(draft: str | None) -> str:
 def plot_server_png(report: dict, path) -> None:
     """Aggregate tokens/s by concurrent clients, one line per setting (min–max whiskers over the repeats),
     and below it llamaspec's ratio to the best llama-server setting at each client count."""
-    import io
+    from .report import pyplot, save_png
 
-    from .report import require_matplotlib, write_atomic
-
-    require_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = report["rows"]
     keys = list(dict.fromkeys(r["variant"] for r in rows))
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 7), gridspec_kw={"height_ratios": [2.2, 1]}, sharex=True)
@@ -165,8 +158,4 @@ def plot_server_png(report: dict, path) -> None:
         ax2.legend(fontsize=8)
     xs = sorted({r["clients"] for r in rows})
     ax2.set_xticks(xs, [str(x) for x in xs])
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    save_png(fig, path)

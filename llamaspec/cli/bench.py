@@ -194,19 +194,20 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
 
     load = LoadSpec(busy=load_busy, decode=load_decode, threads=load_threads,
                     model=(resolve_model_arg(load_model, cache_dir) if load_model else target) if load_decode else None)
-    if server_mode:
-        if sweep:
-            clients = clients if given("clients") else "1,2,4,8,16"
-            n_parallel = n_parallel if given("n_parallel") else 16
-        return _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients,
-                            server_variants, n_parallel, engines, n_predict, repeats, ctx_size, batch_size, dev, seed, spec_draft_n_max,
-                            spec_draft_n_min, native_dir, json_path, md_path, plot_path,
-                            per_client=requests_per_client or (32 if quick else 0), load=load)
     prompts = load_prompts(prompts_file)
     if quick:
         prompts = quick_subset(prompts, limit or QUICK_PROMPTS, QUICK_CHARS)
     elif limit:
         prompts = quick_subset(prompts, limit)
+    command = "llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None
+    if server_mode:
+        if sweep:
+            clients = clients if given("clients") else "1,2,4,8,16"
+            n_parallel = n_parallel if given("n_parallel") else 16
+        return _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts, command, clients,
+                            server_variants, n_parallel, engines, n_predict, repeats, ctx_size, batch_size, dev, seed, spec_draft_n_max,
+                            spec_draft_n_min, native_dir, json_path, md_path, plot_path,
+                            per_client=requests_per_client or (32 if quick else 0), load=load)
     mode_list = parse_modes(modes)
     engine_list = [e.strip() for e in engines.split(",") if e.strip()]
     cfg = BenchConfig(
@@ -220,7 +221,7 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
         rpc_servers=dev["rpc_servers"], rpc_servers_draft=dev["rpc_servers_draft"],
         seed=seed, spec=spec, warmup=not no_warmup, measure_costs=not no_costs, near_tie_tol=near_tie_tol,
         native_dir=native_dir, pair=pair, target_name=target_name, draft_name=draft_name, prompts_file=prompts_file,
-        quick=quick, command="llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None,
+        quick=quick, command=command,
     )
     try:
         report = _with_load(load, lambda: _run_with_progress(cfg, run_benchmark, no_progress))
@@ -230,14 +231,12 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
     _emit(report, json_path, md_path, plot_path)
 
 
-def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts_file, limit, clients, variants, n_parallel,
+def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts, command, clients, variants, n_parallel,
                  engines, n_predict, repeats, ctx_size, batch_size, dev, seed, n_max, n_min, native_dir, json_path, md_path, plot_path=None,
                  per_client=0, load=None):
     """``--server``: llamaspec serve against llama-server (llamaspec/bench/server_mode.py)."""
     from importlib.util import find_spec
 
-    from llamaspec.bench import load_prompts
-    from llamaspec.bench.prompts import quick_subset
     from llamaspec.bench.report import write_atomic, write_json
     from llamaspec.bench.server_mode import ServerBenchConfig, render_server_markdown, run_server_benchmark
     from llamaspec.bench.server_variants import parse_variants
@@ -251,11 +250,6 @@ def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, p
             counts = tuple(int(x) for x in clients.split(",") if x.strip())
         except ValueError:
             raise UsageError(f"--clients: a comma list of integers, not {clients!r}") from None
-        prompts = load_prompts(prompts_file)
-        if quick:
-            prompts = quick_subset(prompts, limit or QUICK_PROMPTS, QUICK_CHARS)
-        elif limit:
-            prompts = quick_subset(prompts, limit)
         cfg = ServerBenchConfig(
             target=target, draft=draft, prompts=prompts, clients=counts,
             engines=tuple(e.strip() for e in (engines if given("engines") else "llamaspec,native").split(",") if e.strip()),
@@ -267,7 +261,7 @@ def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, p
             requests_per_client=per_client,
             target_name=target_name, draft_name=draft_name, quick=quick,
             variants=tuple(parse_variants(variants, draft, n_max, n_min)) if variants else None,
-            command="llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None)
+            command=command)
         report = _with_load(load, lambda: run_server_benchmark(cfg, lambda t: err_console.print(f"[dim]{t}[/]", highlight=False)))
     finally:
         if tmpdir is not None:

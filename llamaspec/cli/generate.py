@@ -32,30 +32,6 @@ def _read_prompt(prompt: str | None, file: str | None) -> str:
     return prompt
 
 
-def _read_prompts_file(path: str) -> list[str]:
-    """One prompt per line, or a JSONL file with a "prompt" field per line."""
-    from llamaspec.errors import UsageError
-
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UsageError(f"prompts file not found: {path}") from None
-    out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                out.append(str(json.loads(line)["prompt"]))
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise UsageError(f"{path}:{i}: a JSON line needs a \"prompt\" field") from None
-        else:
-            out.append(line.replace("\\n", "\n"))
-    if not out:
-        raise UsageError(f"prompts file {path} holds no prompt")
-    return out
-
-
 def _parse_logit_bias(text: str) -> tuple[int, float]:
     """llama.cpp's ``--logit-bias TOKEN_ID(+/-)BIAS``.
 
@@ -139,7 +115,12 @@ def generate(prompt, prompt_file, prompts_file, model, pair, n_predict, ctx_size
     device = pop_device_options(spec_kw)  # -ngl -ngld -mg -sm -ts -t -tb -td, checked before any model loads
     if prompts_file is not None and (prompt is not None or prompt_file is not None):
         raise UsageError("give either a prompt (argument / --file) or --prompts-file, not both")
-    prompts = _read_prompts_file(prompts_file) if prompts_file else [_read_prompt(prompt, prompt_file)]
+    if prompts_file:
+        from llamaspec.bench.prompts import load_prompts
+
+        prompts = [p.text for p in load_prompts(prompts_file)]
+    else:
+        prompts = [_read_prompt(prompt, prompt_file)]
     if system_prompt is not None and not chat:
         raise UsageError("--system needs --chat")
     grammar = None

@@ -64,7 +64,6 @@ class DFlash(Drafter):
         self.ids = list(ids)
         self.n_embd_tgt = m_tgt.n_embd
         self.n_embd_dec = m_dft.n_embd
-        self.n_embd_enc = len(ids) * self.n_embd_tgt
         bs = m_dft.meta("dflash.block_size")
         try:
             self.block_size = int(bs) if bs is not None else 16

@@ -179,7 +179,6 @@ class Eagle3(Drafter):
         self.n_layer_tgt = m_tgt.n_layer
         self.n_embd_tgt = m_tgt.n_embd
         self.n_embd_dec = m_dft.n_embd
-        self.n_embd_enc = 3 * self.n_embd_tgt
         self.n_max = params.n_max
         for lid in self.ids:
             if lid < self.n_layer_tgt:

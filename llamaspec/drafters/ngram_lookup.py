@@ -37,7 +37,9 @@ What it does, per slot:
 >>> dp = DraftParams(drafting=True, n_max=8, prompt=hist, id_last=3)
 >>> d.draft([dp]); dp.result                    # "1 2 3" occurred at 1..3: copy what followed it
 [4, 9, 9, 1, 2, 3, 4, 9]
->>> lookup_draft([7, 1, 2, 1, 2, 1], 2, 6)    # a loop: the overlapping copy continues it
+>>> d.begin(0, [7, 1, 2, 1, 2])
+>>> dp = DraftParams(drafting=True, n_max=6, prompt=[7, 1, 2, 1, 2], id_last=1)
+>>> d.draft([dp]); dp.result                    # a loop: the overlapping copy continues it
 [2, 1, 2, 1, 2, 1]
 """
 from __future__ import annotations
@@ -53,7 +55,7 @@ from .base import DraftParams, Drafter
 from .ngram_pool import PoolDrafting, SharedPool
 from .ngram_rates import PRIOR_DECAY, PRIOR_WEIGHT, BucketRates, Calibration, shared_cost_table
 
-__all__ = ["NgramLookup", "NgramLookupParams", "best_length", "best_length_table", "expected_len", "lookup_draft", "default_verify_cost"]
+__all__ = ["NgramLookup", "NgramLookupParams", "best_length_table", "expected_len", "default_verify_cost"]
 
 MASK64 = 0xFFFFFFFFFFFFFFFF
 #: odd 64-bit multiplier of the rolling hash (any large odd constant works; keys are verified on use)
@@ -93,33 +95,17 @@ def expected_len(p1: float, q: float, k: int) -> float:
     return 1.0 + p1 * (1.0 - q ** k) / (1.0 - q)
 
 
-def best_length(p1: float, q: float, k_max: int, verify_cost: Callable[[int], float], c: float = 0.0,
-                floor: float = 1.0) -> int:
-    """The draft length in ``0..k_max`` with the most expected tokens per unit of cost (0: do not draft);
-    a draft must beat ``floor`` tokens per unit (1 = a plain step; more when another drafter does better).
-
-    >>> v = default_verify_cost
-    >>> best_length(0.2, 0.5, 16, v)            # a fresh 1-token match rarely pays
-    0
-    >>> best_length(0.95, 0.97, 32, v) >= 16      # a copy that runs: long drafts
-    True
-    >>> 1 <= best_length(0.6, 0.6, 32, v) <= 4
-    True
-    """
-    best_k, best = 0, max(floor, 1.0 / max(verify_cost(0), 1e-9))
-    for k in range(1, k_max + 1):
-        val = expected_len(p1, q, k) / max(verify_cost(k) + k * c, 1e-9)
-        if val > best * (1 + 1e-6):
-            best_k, best = k, val
-    return best_k
-
-
 def best_length_table(p1: float, q: float, vt: Sequence[float], k_max: int, floor: float = 1.0) -> int:
-    """:func:`best_length` over a precomputed cost table ``vt[k] = v(k)`` (the drafter's per-round path).
+    """The draft length in ``0..k_max`` with the most expected tokens (:func:`expected_len`) per unit of cost
+    ``vt[k]`` (the cost of verifying ``k + 1`` rows; 0: do not draft); a draft must beat ``floor`` tokens per
+    unit (1 = a plain step; more when another drafter does better).
 
     >>> vt = [default_verify_cost(k) for k in range(33)]
-    >>> all(best_length_table(p, q, vt, 32) == best_length(p, q, 32, default_verify_cost)
-    ...     for p in (0.1, 0.3, 0.6, 0.9) for q in (0.3, 0.7, 0.95, 1.0))
+    >>> best_length_table(0.2, 0.5, vt, 16)         # a fresh 1-token match rarely pays
+    0
+    >>> best_length_table(0.95, 0.97, vt, 32) >= 16   # a copy that runs: long drafts
+    True
+    >>> 1 <= best_length_table(0.6, 0.6, vt, 32) <= 4
     True
     """
     best_k, best = 0, max(floor, 1.0 / max(vt[0], 1e-9)) * (1 + 1e-6)
@@ -131,34 +117,6 @@ def best_length_table(p1: float, q: float, vt: Sequence[float], k_max: int, floo
         if val > best:
             best_k, best = k, val * (1 + 1e-6)
     return best_k
-
-
-def lookup_draft(seq: Sequence[int], key_max: int, n: int) -> list[int]:
-    """Reference implementation (a plain scan, for tests): the longest suffix of ``seq`` of at most
-    ``key_max`` tokens that occurred before, at its most recent place, and ``n`` tokens of what followed it
-    (overlapping copy). The drafter gives the same draft from its hash index.
-
-    >>> lookup_draft([1, 2, 3, 9, 1, 2], 3, 3)
-    [3, 9, 1]
-    >>> lookup_draft([1, 2, 3], 3, 3)
-    []
-    """
-    L = len(seq)
-    best_e, best_k = -1, 0
-    for k in range(1, min(key_max, L - 1) + 1):
-        suf = list(seq[L - k:])
-        e = next((e for e in range(L - 2, k - 2, -1) if list(seq[e - k + 1: e + 1]) == suf), -1)
-        if e < 0:
-            break
-        best_e, best_k = e, k
-    if best_k == 0:
-        return []
-    out = list(seq)
-    src = best_e + 1
-    for _ in range(n):
-        out.append(out[src])
-        src += 1
-    return out[L:]
 
 
 class _Slot:
