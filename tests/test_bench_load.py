@@ -16,7 +16,8 @@ def test_busy_loops_use_the_cores_and_stop():
         time.sleep(1.5)
     s = bg.summary()
     assert s["busy"] == 2 and s["died"] == [] and s["wall_s"] >= 1.4
-    assert s["cores_used"] > 0.3                      # they ran (a core each on an idle box)
+    # they ran: a core each on an idle box, 0.25 seen beside a test run at nice -5 on 2 cores; 0 if never started
+    assert s["cores_used"] > 0.1
     for pid in pids:                                  # and are gone
         with pytest.raises(OSError):
             os.kill(pid, 0)
