@@ -5,7 +5,7 @@ shared n-gram pool's memory over many requests), run from a clone as ``llamaspec
     python -m benchmarks.research --trace -m gemma3-270m-f32 -n 64 --repeats 2 --json trace.json
 
 Every option of ``llamaspec bench`` is taken (the same command, with these modes' options added); the package
-does not import this folder (``llamaspec.cli.bench.RESEARCH`` is set here)."""
+does not import this folder."""
 from __future__ import annotations
 
 import shlex
@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from llamaspec.cli._common import err_console
+from llamaspec.cli._common import err_console, option_group
 
 MODES = ("trace", "copy_set", "pool_soak")
 
@@ -52,12 +52,6 @@ _OPTIONS = [
     click.option("--soak-pool-tokens", type=click.IntRange(min=0), default=16384, show_default=True,
                  help="Soak mode: the pool's bound (--spec-pool-tokens)."),
 ]
-
-
-def extra_options(f):
-    for opt in reversed(_OPTIONS):
-        f = opt(f)
-    return f
 
 
 def pop_extra_options(kw: dict) -> dict:
@@ -181,16 +175,33 @@ def _copy_set(x, given, say, *, pair, model, draft_model, cache_dir, n_predict, 
 
 
 def command() -> click.Command:
-    """``llamaspec bench`` with the research modes' options, dispatching to :func:`run_extra`."""
+    """``llamaspec bench`` with the research modes' options: one of them runs :func:`run_extra`, else the bench."""
     import copy
 
     from llamaspec.cli import bench as bench_cli
+    from llamaspec.cli._common import check_output_path, handle_errors
+    from llamaspec.cli.device_options import pop_device_options
 
-    bench_cli.RESEARCH = sys.modules[__name__]
     cmd = copy.copy(bench_cli.bench)
     cmd.params = list(cmd.params)  # (the options below go to this copy only)
     cmd.name = "research"
-    return extra_options(cmd)
+    plain = cmd.callback
+
+    @handle_errors
+    def callback(**kw):
+        x = pop_extra_options(kw)
+        if not any(x[m] for m in MODES):
+            return plain(**kw)
+        for path, flag in ((kw["json_path"], "--json"), (kw["md_path"], "--markdown")):
+            check_output_path(path, flag)
+        dev = pop_device_options(kw)
+        return run_extra(x, bench_cli._given(), dev=dev, run_with_progress=bench_cli._run_with_progress,
+                         **{k: kw[k] for k in ("pair", "model", "draft_model", "cache_dir", "n_predict", "repeats",
+                                               "ctx_size", "n_parallel", "native_dir", "json_path", "md_path",
+                                               "near_tie_tol", "no_progress", "limit")})
+
+    cmd.callback = callback
+    return option_group(_OPTIONS)(cmd)
 
 
 def main() -> None:

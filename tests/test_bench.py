@@ -507,7 +507,7 @@ def test_keep_alive_client_reconnects_and_reports_errors():
     import http.server
     import threading
 
-    from llamaspec.bench.server_mode import KeepAlive
+    from llamaspec.bench.native import KeepAlive
     from llamaspec.errors import LlamaSpecError
 
     seen: list[tuple[int, str]] = []  # (client port, path) per request

@@ -2,12 +2,14 @@
 
 ``prompts`` (the shipped prompt set), ``modes`` (plain / drafter types / synthetic / prompt lookup),
 ``config`` (:class:`BenchConfig`), ``runners`` (one per engine), ``native`` (llama-server and
-llama-speculative-simple), ``measure`` (machine, verify-cost curve), ``execute`` (models, runners, the
+llama-speculative-simple), ``execute`` (the run, step by step: machine, costs, models, runners, the
 interleaved schedule), ``stats`` (pure arithmetic: aggregation, speedup model, divergences), ``analysis``
-(output checks, summaries), ``report`` (the report dictionary; markdown, JSON, PNG, rich table) and ``core``
-(the run, step by step). The command line lives in ``llamaspec/cli/bench.py``.
+(output checks, summaries), ``report`` (the report dictionary; markdown, JSON, PNG, rich table), ``load``
+(``--load``) and ``server_mode`` / ``server_variants`` (``--server``). The command line lives in
+``llamaspec/cli/bench.py``.
 """
-from .core import BenchConfig, run_benchmark
+from .config import BenchConfig
+from .execute import run_benchmark
 from .modes import Mode, parse_modes
 from .prompts import Prompt, load_prompts
 

@@ -1,4 +1,5 @@
-"""What a benchmark run is asked to do: :class:`BenchConfig`, its validation, and the settings derived from it."""
+"""What a benchmark run is asked to do: :class:`BenchConfig`, its validation and the settings derived from it; and
+what it did (:class:`Plan`, :class:`Outcome`), for the report."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,7 +10,8 @@ from ..errors import UsageError
 from ..params import SpecParams
 from .modes import Mode
 from .prompts import Prompt
-from .runners import ENGINES, RunSettings
+from .runners import ENGINES, BenchPrompt, RunSettings
+from .stats import RunResult
 
 Progress = Callable[..., None]
 
@@ -116,3 +118,27 @@ def trimmed_draft_for(cfg: BenchConfig) -> str | None:
                 path, trimmed = draft_path(cfg.draft, keep, asked)
                 return str(path) if trimmed else None
     return None
+
+
+@dataclass
+class Plan:
+    """The (engine, mode) configurations that run, those skipped (and why), and notes for the report."""
+
+    configs: list[tuple[str, Mode]] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """What the runs produced, for the report: the prompts, the costs, the plan, the runs, the native commands,
+    and the output checks (divergences, how many runs were compared, drafted / accepted parity)."""
+
+    prompts: list[BenchPrompt]
+    costs: dict | None
+    plan: Plan
+    results: list[RunResult]
+    commands: dict[str, str]
+    divergences: list[dict]
+    n_checked: int
+    parity: list[dict]

@@ -1,21 +1,147 @@
-"""The steps of a benchmark run: the models, one runner per engine, which (engine, mode) configurations run
-(the support matrix), starting them, the warm-up, and the interleaved schedule of recorded runs."""
+"""The benchmark run, step by step (:func:`run_benchmark`): the machine and the models, the costs, one runner
+per engine, which (engine, mode) configurations run (the support matrix), starting them, the warm-up, the
+interleaved schedule of recorded runs, the output checks (:mod:`.analysis`) and the report (:mod:`.report`)."""
 from __future__ import annotations
 
 import logging
 import os
+import platform
 import shlex
-from dataclasses import dataclass, field
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from .. import _llama as llama
+from .._llama.model import supports_gpu_offload
 from ..errors import UsageError
-from .config import BenchConfig, Progress, Resolved
+from .analysis import check_outputs, summarise
+from .config import BenchConfig, Outcome, Plan, Progress, Resolved, no_progress, reference_name, trimmed_draft_for
 from .modes import Mode
-from .runners import BenchPrompt, LlamaCppPythonRunner, LlamaspecRunner, NativeRunner, Runner, RunSettings
+from .report import build_report
+from .runners import (BenchPrompt, LlamaCppPythonRunner, LlamaspecRunner, NativeRunner, Runner, RunSettings,
+                      prepare_prompts)
 from .stats import RunResult, schedule
 
+VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
 log = logging.getLogger("llamaspec")
+
+
+def run_benchmark(cfg: BenchConfig, progress: Progress = no_progress) -> dict:
+    """Run everything ``cfg`` asks for and return the report dictionary (JSON-serialisable)."""
+    cfg.validate()
+    res = Resolved.of(cfg)
+    t_start = time.time()
+    machine = machine_info()
+    progress("phase", text="loading models")
+    models = Models.load(cfg, res)
+    runners: dict[str, Runner] = {}
+    costs: dict | None = None
+    log_dir = tempfile.mkdtemp(prefix="llamaspec-bench-")
+    try:
+        prompts = prepare_prompts(models.target, cfg.prompts)
+        check_fit(cfg, prompts)
+        if cfg.measure_costs:
+            progress("phase", text="measuring verify-cost curve and draft/target cost")
+            costs = measure_costs(models.target, models.draft, res.threads, threads_batch=res.threads_batch,
+                                  threads_draft=res.threads_draft, draft_trimmed=trimmed_draft_for(cfg))
+        add_runners(runners, cfg, models, res.run_settings(cfg), log_dir)
+        plan = plan_configs(cfg, runners)
+
+        progress("phase", text="starting engines and servers")
+        start_engines(runners, plan)
+        if cfg.warmup and plan.configs:
+            progress("phase", text="warm-up (not recorded)")
+            warm_up(runners, plan.configs, prompts[0], min(8, cfg.n_predict))
+        results = run_schedule(cfg, runners, plan.configs, prompts, progress)
+        native = {e: r for e, r in runners.items() if isinstance(r, NativeRunner)}
+        commands = {f"{e}/{m}": shlex.join(c) for e, r in native.items() for m, c in r.commands.items()}
+        for r in native.values():
+            r.close()  # stop servers before the analysis
+
+        progress("phase", text="checking token equality")
+        divergences, n_checked, parity = check_outputs(cfg, results, prompts, models.target, res.threads)
+    finally:
+        for name, r in runners.items():
+            try:
+                r.close()
+            except Exception as ex:  # pragma: no cover
+                log.warning("bench: closing the %s runner failed (skipped): %s", name, ex)
+        models.close()
+        try:
+            os.rmdir(log_dir)
+        except OSError:
+            pass
+    summary = summarise(results, cfg.modes, cfg.engines, costs)
+    try:
+        machine["loadavg_at_end"] = os.getloadavg()
+    except OSError:  # pragma: no cover
+        pass
+    out = Outcome(prompts, costs, plan, results, commands, divergences, n_checked, parity)
+    return build_report(cfg, res, out, summary=summary, reference=reference_name(cfg), machine=machine, t_start=t_start,
+                        file_type=file_type(cfg.target), gpu_offload=supports_gpu_offload())
+
+
+def machine_info() -> dict:
+    """CPU model, cores available, platform, Python version and the load average at the start."""
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:  # pragma: no cover
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:  # pragma: no cover
+        load = None
+    return {"cpu": cpu, "n_cpus_available": llama.default_threads(), "platform": platform.platform(),
+            "python": sys.version.split()[0], "loadavg_at_start": load}
+
+
+def file_type(path: str) -> str | None:
+    """The GGUF's ``general.file_type`` (its quantisation), or None where it cannot be read."""
+    out = None
+    try:
+        with llama.Model(path, vocab_only=True) as vm:
+            out = vm.meta("general.file_type")
+    except Exception as ex:  # pragma: no cover - the report says None
+        log.warning("bench: could not read general.file_type of %s (the report gives none): %s", path, ex)
+    return out
+
+
+def measure_costs(target: llama.Model, draft: llama.Model | None, threads: int, *, threads_batch: int | None = None,
+                  threads_draft: int | None = None, draft_trimmed: str | None = None) -> dict:
+    """Target verify-cost curve and draft/target cost ratio (§6 probe; ms of one decode with logits);
+    with ``draft_trimmed`` (the trimmed copy the ``default`` modes draft with) its cost ratio too."""
+    from ..probe import measure_verify_curve, recommend_draft_length
+
+    curve = measure_verify_curve(target, sizes=VERIFY_SIZES, n_threads=threads, n_threads_batch=threads_batch)
+    out: dict = {"verify_curve_ms": {str(k): round(v, 4) for k, v in curve.items()},
+                 "verify_cost_rel": {str(k): round(v / curve[1], 4) for k, v in curve.items()}}
+    if draft is not None:
+        d = measure_verify_curve(draft, sizes=(1,), n_threads=threads_draft or threads, n_threads_batch=threads_batch)
+        out["draft_ms_1"] = round(d[1], 4)
+        out["target_ms_1"] = round(curve[1], 4)
+        out["cost_ratio"] = d[1] / curve[1]
+        if draft_trimmed is not None:
+            tm = llama.Model(draft_trimmed, use_mmap=False)
+            try:
+                dt = measure_verify_curve(tm, sizes=(1,), n_threads=threads_draft or threads, n_threads_batch=threads_batch)
+            finally:
+                tm.close()
+            out["draft_trimmed_ms_1"] = round(dt[1], 4)
+            out["cost_ratio_trimmed"] = dt[1] / curve[1]
+        out["recommended_draft_n_max"] = [
+            {"acceptance": a, "n_max": k, "expected_speedup": round(s, 3)}
+            for a in (0.6, 0.7, 0.8, 0.9)
+            for k, s in [recommend_draft_length(a, out["cost_ratio"], curve)]
+        ]
+    return out
 
 
 @dataclass
@@ -56,15 +182,6 @@ def add_runners(runners: dict[str, Runner], cfg: BenchConfig, models: Models, se
                                       force_server=(e == "native-server"), log_dir=log_dir)
         elif e == "llama-cpp-python":
             runners[e] = LlamaCppPythonRunner(cfg.target, settings)
-
-
-@dataclass
-class Plan:
-    """The (engine, mode) configurations that run, those skipped (and why), and notes for the report."""
-
-    configs: list[tuple[str, Mode]] = field(default_factory=list)
-    skipped: list[dict] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
 
 def plan_configs(cfg: BenchConfig, runners: dict[str, Runner]) -> Plan:
@@ -130,45 +247,3 @@ def run_schedule(cfg: BenchConfig, runners: dict[str, Runner], configs: Sequence
         results.append(res)
     progress("run", done=len(order), total=len(order), label="done")
     return results
-
-
-def native_commands(runners: dict[str, Runner]) -> dict[str, str]:
-    """The command lines the native runners ran, by ``engine/mode``."""
-    return {f"{e}/{m}": " ".join(shlex.quote(x) for x in c)
-            for e, r in runners.items() if isinstance(r, NativeRunner) for m, c in r.commands.items()}
-
-
-def stop_native(runners: dict[str, Runner]) -> None:
-    for r in runners.values():
-        if isinstance(r, NativeRunner):
-            r.close()  # stop servers before the analysis
-
-
-def close_runners(runners: dict[str, Runner]) -> None:
-    for name, r in runners.items():
-        try:
-            r.close()
-        except Exception as ex:  # pragma: no cover
-            log.warning("bench: closing the %s runner failed (skipped): %s", name, ex)
-
-
-def remove_log_dir(log_dir: str) -> None:
-    try:
-        os.rmdir(log_dir)
-    except OSError:
-        pass
-
-
-@dataclass
-class Outcome:
-    """What the runs produced, for the report: the prompts, the costs, the plan, the runs, the native commands,
-    and the output checks (divergences, how many runs were compared, drafted / accepted parity)."""
-
-    prompts: list[BenchPrompt]
-    costs: dict | None
-    plan: Plan
-    results: list[RunResult]
-    commands: dict[str, str]
-    divergences: list[dict]
-    n_checked: int
-    parity: list[dict]

@@ -13,6 +13,7 @@ the same settings the in-process engine uses.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -66,22 +67,13 @@ def _ngl(n: int) -> str:
     return "all" if n < 0 else str(n)
 
 
-def native_dirs(explicit: str | os.PathLike | None = None) -> list[Path]:
-    """Where to look for ``bin/<tool>``: ``explicit`` alone when given; else ``$LLAMASPEC_NATIVE_DIR``,
-    ``./native`` and the ``native/`` folder of a source checkout of llamaspec."""
-    if explicit:
-        return [Path(explicit)]
-    out: list[Path] = []
-    env = os.environ.get("LLAMASPEC_NATIVE_DIR")
-    if env:
-        out.append(Path(env))
-    out.append(Path.cwd() / "native")
-    out.append(Path(__file__).resolve().parents[2] / "native")
-    return out
-
-
 def find_tool(name: str, native_dir: str | os.PathLike | None = None) -> Path | None:
-    for d in native_dirs(native_dir):
+    """``bin/<name>`` (or ``<name>``) in ``native_dir`` alone when given; else in ``$LLAMASPEC_NATIVE_DIR``,
+    ``./native`` and the ``native/`` folder of a source checkout of llamaspec."""
+    env = os.environ.get("LLAMASPEC_NATIVE_DIR")
+    dirs = [Path(native_dir)] if native_dir else ([Path(env)] if env else []) + [
+        Path.cwd() / "native", Path(__file__).resolve().parents[2] / "native"]
+    for d in dirs:
         for p in (d / "bin" / name, d / name):
             if p.is_file() and os.access(p, os.X_OK):
                 return p
@@ -134,9 +126,8 @@ def spec_args(mode: Mode, spec: SpecParams, draft: str | None) -> list[str]:
     if mode.needs_draft:
         if not draft:
             raise NativeError(f"mode {mode.name} needs a draft model")
-        a += ["-md", str(draft), "--spec-draft-n-max", str(p.draft.n_max), "--spec-draft-n-min", str(p.draft.n_min),
-              "--spec-draft-p-min", repr(float(p.draft.p_min))]
-    elif "draft-mtp" in mode.types:  # the target's own MTP head: no -md
+        a += ["-md", str(draft)]
+    if mode.needs_draft or "draft-mtp" in mode.types:  # draft-mtp: the target's own MTP head, no -md
         a += ["--spec-draft-n-max", str(p.draft.n_max), "--spec-draft-n-min", str(p.draft.n_min),
               "--spec-draft-p-min", repr(float(p.draft.p_min))]
     if "ngram-mod" in mode.types:
@@ -197,8 +188,8 @@ def per_pos_from_metrics(m: dict[str, float]) -> list[int]:
 
 
 class HttpServer:
-    """A server process (``cmd(port)``) on a free loopback port, ready once ``/health`` answers; its output
-    goes to a log file in ``log_dir``."""
+    """A server process (``cmd(port)``: ``llamaspec serve`` or llama-server) on a free loopback port, ready once
+    ``/health`` answers, answering greedy completions; its output goes to a log file in ``log_dir``."""
 
     def __init__(self, label: str, cmd: Callable[[int], list[str]], log_dir: str | None = None, env: dict | None = None):
         self.label, self._cmd, self.env = label, cmd, env
@@ -261,6 +252,57 @@ class HttpServer:
         except OSError:  # pragma: no cover
             pass
 
+    def complete(self, tokens: Sequence[int], n_predict: int, seed: int, conn: "KeepAlive | None" = None,
+                 **extra) -> dict:
+        """One greedy completion (``extra``: more body fields), on ``conn`` (a client's keep-alive connection) or
+        a connection of its own."""
+        body = {"prompt": list(tokens), "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": seed,
+                "cache_prompt": False, "stream": False, **extra}
+        if conn is not None:
+            return conn.post_json("/completion", body, self.label)
+        try:
+            return json.loads(_http(self.base + "/completion", body).decode("utf-8"))
+        except urllib.error.HTTPError as e:
+            raise NativeError(f"{self.label}: HTTP {e.code}: {e.read()[:300]!r}") from None
+
+    def connect(self) -> "KeepAlive":
+        return KeepAlive(self.port)
+
+
+class KeepAlive:
+    """One client's persistent HTTP/1.1 connection to a loopback server; reconnects once when the server
+    closed it between requests."""
+
+    def __init__(self, port: int, timeout: float = 600.0):
+        self.port, self.timeout = port, timeout
+        self.conn: http.client.HTTPConnection | None = None
+
+    def post_json(self, path: str, body: dict, label: str) -> dict:
+        data = json.dumps(body).encode("utf-8")
+        for attempt in (0, 1):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(LOOPBACK, self.port, timeout=self.timeout)
+            try:
+                self.conn.request("POST", path, data, {"Content-Type": "application/json"})
+                r = self.conn.getresponse()
+                raw = r.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self.close()
+                if attempt:
+                    raise
+                continue
+            if r.getheader("connection", "").lower() == "close":
+                self.close()
+            if r.status != 200:
+                raise NativeError(f"{label}: HTTP {r.status}: {raw[:300]!r}")
+            return json.loads(raw.decode("utf-8"))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
 
 class Server(HttpServer):
     """One ``llama-server`` process, one slot, with ``/metrics``."""
@@ -274,15 +316,10 @@ class Server(HttpServer):
     def metrics(self) -> dict[str, float]:
         return parse_metrics(_http(self.base + "/metrics", timeout=60).decode("utf-8", "replace"))
 
-    def complete(self, tokens: Sequence[int], n_predict: int, seed: int) -> tuple[dict, dict[str, float]]:
-        """One greedy completion; returns (response JSON, metrics delta of this request)."""
+    def complete_counted(self, tokens: Sequence[int], n_predict: int, seed: int) -> tuple[dict, dict[str, float]]:
+        """One greedy completion; returns (response JSON with the tokens, metrics delta of this request)."""
         before = self.metrics()
-        body = {"prompt": list(tokens), "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": seed,
-                "cache_prompt": False, "return_tokens": True, "stream": False}
-        try:
-            res = json.loads(_http(self.base + "/completion", body).decode("utf-8"))
-        except urllib.error.HTTPError as e:
-            raise NativeError(f"{self.label}: HTTP {e.code}: {e.read()[:300]!r}") from None
+        res = self.complete(tokens, n_predict, seed, return_tokens=True)
         after = self.metrics()
         want = before.get("tokens_predicted_total", 0) + res.get("tokens_predicted", 0)
         for _ in range(50):  # metrics are updated at slot release; normally already done
@@ -363,23 +400,17 @@ def parse_spec_simple(stdout: str, stderr: str, prompt_text: str | None = None) 
     return SpecSimpleResult(int(e.group(1)), n_pred, float(e.group(2)), t_dec, drafted, accepted, steps, per_pos, text)
 
 
-def run_spec_simple(binary: Path, model: str, args: Sequence[str], prompt: str, n_predict: int,
-                    timeout: float = 1800.0) -> tuple[list[str], subprocess.CompletedProcess]:
-    """Run one generation of ``n_predict`` tokens (the tool generates ``-n`` + 1, so ``-n`` is one less)."""
+def run_spec_simple_parsed(binary: Path, model: str, args: Sequence[str], prompt: str, n_predict: int, prompt_prefix: str,
+                           attempts: int = 3, timeout: float = 1800.0) -> tuple[list[str], SpecSimpleResult]:
+    """Run one generation of ``n_predict`` tokens (the tool generates ``-n`` + 1, so ``-n`` is one less) and
+    :func:`parse_spec_simple` it. The tool logs through an asynchronous logger that can lose its last lines
+    when the process exits (seen under load: exit status 0, no timings); such a run is repeated (greedy
+    generation is deterministic)."""
     cmd = [str(binary), "-m", str(model), "-p", prompt, "--no-escape", "-n", str(max(0, n_predict - 1)),
            "--color", "off", "-lv", "4", *args]
-    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-    return cmd, proc
-
-
-def run_spec_simple_parsed(binary: Path, model: str, args: Sequence[str], prompt: str, n_predict: int, prompt_prefix: str,
-                           attempts: int = 3) -> tuple[list[str], SpecSimpleResult]:
-    """:func:`run_spec_simple` + :func:`parse_spec_simple`. The tool logs through an asynchronous logger that
-    can lose its last lines when the process exits (seen under load: exit status 0, no timings); such a
-    run is repeated (greedy generation is deterministic)."""
     last = ""
     for _ in range(attempts):
-        cmd, proc = run_spec_simple(binary, model, args, prompt, n_predict)
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
         out = proc.stdout.decode("utf-8", "replace")
         err = proc.stderr.decode("utf-8", "replace")
         if proc.returncode != 0:

@@ -13,8 +13,7 @@ from ..errors import UsageError
 from .prompts import CATEGORIES
 
 if TYPE_CHECKING:
-    from .config import BenchConfig, Resolved
-    from .execute import Outcome
+    from .config import BenchConfig, Outcome, Resolved
 
 SCHEMA_VERSION = 1
 
@@ -75,11 +74,7 @@ def build_report(cfg: BenchConfig, res: Resolved, out: Outcome, *, summary: dict
 
 
 def write_json(report: dict, path: str | os.PathLike) -> None:
-    write_atomic(path, json.dumps(report, indent=1, sort_keys=False, default=_json_default) + "\n")
-
-
-def _json_default(o):  # pragma: no cover - only for unexpected types
-    return str(o)
+    write_atomic(path, json.dumps(report, indent=1, sort_keys=False, default=str) + "\n")  # str: unexpected types
 
 
 # -------------------------------------------------------------------------------------------------

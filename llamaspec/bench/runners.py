@@ -59,9 +59,15 @@ def prepare_prompts(model: llama.Model, prompts) -> list[BenchPrompt]:
 
 class Runner:
     name = "?"
+    has_draft = False
 
-    def supports(self, mode: Mode) -> str | None:  # pragma: no cover - interface
-        raise NotImplementedError
+    def supports(self, mode: Mode) -> str | None:
+        """None, or why this engine does not run ``mode`` (here: the llamaspec and native runners' reasons)."""
+        if mode.kind == "lookup":
+            return "prompt lookup is llama-cpp-python's drafter"
+        if mode.needs_draft and not self.has_draft:
+            return "no draft model (give --pair or -md)"
+        return None
 
     def prepare(self, mode: Mode) -> None:
         pass
@@ -90,14 +96,8 @@ class LlamaspecRunner(Runner):
 
     def __init__(self, target: llama.Model, draft: llama.Model | None, settings: RunSettings):
         self.model, self.model_dft, self.s = target, draft, settings
+        self.has_draft = draft is not None
         self.engines: dict[str, object] = {}
-
-    def supports(self, mode: Mode) -> str | None:
-        if mode.kind == "lookup":
-            return "prompt lookup is llama-cpp-python's drafter"
-        if mode.needs_draft and self.model_dft is None:
-            return "no draft model (give --pair or -md)"
-        return None
 
     def prepare(self, mode: Mode) -> None:
         from ..engine import Engine
@@ -133,9 +133,6 @@ class LlamaspecRunner(Runner):
             n_verif_steps=st.n_verif_steps if spec else None,
             accepted_per_pos=list(st.n_accepted_per_pos) if spec else None, tokens=list(r.tokens), text=r.text)
 
-    def engine(self, mode_name: str):
-        return self.engines.get(mode_name)
-
     def close(self) -> None:
         for e in self.engines.values():
             e.close()
@@ -155,7 +152,7 @@ class NativeRunner(Runner):
                  force_server: bool = False, log_dir: str | None = None):
         self.name = "native-server" if force_server else "native"
         self.target, self.draft, self.s = target, draft, settings
-        self.force_server = force_server
+        self.force_server, self.has_draft = force_server, bool(draft)
         self.server_bin = find_tool(SERVER, native_dir)
         self.simple_bin = find_tool(SPEC_SIMPLE, native_dir)
         self.servers: dict[str, Server] = {}
@@ -173,13 +170,10 @@ class NativeRunner(Runner):
         return SERVER
 
     def supports(self, mode: Mode) -> str | None:
-        if mode.kind == "lookup":
-            return "prompt lookup is llama-cpp-python's drafter"
-        if mode.needs_draft and not self.draft:
-            return "no draft model (give --pair or -md)"
+        why = super().supports(mode)
         own = [t for t in mode.types if t in ("auto", "ngram-lookup")]
-        if own:
-            return f"{own[0]} is llamaspec's own (beyond llama.cpp)"
+        if why is not None or own:
+            return why or f"{own[0]} is llamaspec's own (beyond llama.cpp)"
         if mode.is_default:
             return "llamaspec's defaults (adaptive length, trimmed draft vocabulary) are its own"
         tool = self.tool(mode)
@@ -203,7 +197,7 @@ class NativeRunner(Runner):
         if self.tool(mode) == SPEC_SIMPLE:
             return self._run_simple(mode, prompt, n_predict, repeat)
         self.prepare(mode)
-        res, delta = self.servers[mode.name].complete(prompt.tokens, n_predict, self.s.seed)
+        res, delta = self.servers[mode.name].complete_counted(prompt.tokens, n_predict, self.s.seed)
         t = res.get("timings", {})
         spec = not mode.is_plain
         steps = int(round(delta.get("spec_decode_num_drafts_total", 0)))

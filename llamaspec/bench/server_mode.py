@@ -14,8 +14,7 @@ ones), so slow drift of a shared machine hits all alike.
 from __future__ import annotations
 
 import datetime as _dt
-import http.client
-import json
+import itertools
 import math
 import os
 import statistics
@@ -23,13 +22,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..errors import LlamaSpecError, UsageError
-from .native import LOOPBACK, SERVER, _http, find_tool
-from .native import HttpServer as _Process
+from ..errors import UsageError
+from .execute import machine_info
+from .native import LOOPBACK, SERVER, HttpServer, _ngl, find_tool
 from .prompts import Prompt
 from .server_variants import ServerVariant, parse_variants, sweep_variants
 
@@ -89,81 +87,25 @@ def default_variants(draft: str | None, quick: bool) -> str:
     return sweep_variants(draft)
 
 
-class HttpServer(_Process):
-    """A server under test (``llamaspec serve`` or llama-server), answering greedy completions."""
-
-    def complete(self, tokens: Sequence[int], n_predict: int, seed: int, conn: "KeepAlive | None" = None) -> dict:
-        """One greedy completion, on ``conn`` (a client's keep-alive connection) or a connection of its own."""
-        body = {"prompt": list(tokens), "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": seed,
-                "cache_prompt": False, "stream": False}
-        if conn is not None:
-            return conn.post_json("/completion", body, self.label)
-        try:
-            return json.loads(_http(self.base + "/completion", body).decode("utf-8"))
-        except urllib.error.HTTPError as e:
-            raise LlamaSpecError(f"{self.label}: HTTP {e.code}: {e.read()[:300]!r}") from None
-
-    def connect(self) -> "KeepAlive":
-        return KeepAlive(self.port)
-
-
-class KeepAlive:
-    """One client's persistent HTTP/1.1 connection to a loopback server; reconnects once when the server
-    closed it between requests."""
-
-    def __init__(self, port: int, timeout: float = 600.0):
-        self.port, self.timeout = port, timeout
-        self.conn: http.client.HTTPConnection | None = None
-
-    def post_json(self, path: str, body: dict, label: str) -> dict:
-        data = json.dumps(body).encode("utf-8")
-        for attempt in (0, 1):
-            if self.conn is None:
-                self.conn = http.client.HTTPConnection(LOOPBACK, self.port, timeout=self.timeout)
-            try:
-                self.conn.request("POST", path, data, {"Content-Type": "application/json"})
-                r = self.conn.getresponse()
-                raw = r.read()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                self.close()
-                if attempt:
-                    raise
-                continue
-            if r.getheader("connection", "").lower() == "close":
-                self.close()
-            if r.status != 200:
-                raise LlamaSpecError(f"{label}: HTTP {r.status}: {raw[:300]!r}")
-            return json.loads(raw.decode("utf-8"))
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-
 def server_args(cfg: ServerBenchConfig) -> list[str]:
     """Flags both servers take with the same meaning (llama.cpp's spellings)."""
     a = ["-c", str(cfg.n_ctx), "-b", str(cfg.n_batch), "-np", str(cfg.n_parallel), "--temp", "0", "--seed", str(cfg.seed)]
     if cfg.threads:
         a += ["-t", str(cfg.threads), "-tb", str(cfg.threads), "-td", str(cfg.threads)]
-    ngl = "all" if cfg.n_gpu_layers < 0 else str(cfg.n_gpu_layers)
     ngld = cfg.n_gpu_layers if cfg.n_gpu_layers_draft is None else cfg.n_gpu_layers_draft
-    a += ["-ngl", ngl, "-ngld", "all" if ngld < 0 else str(ngld)]
-    return a
+    return a + ["-ngl", _ngl(cfg.n_gpu_layers), "-ngld", _ngl(ngld)]
 
 
 def make_server(v: ServerVariant, cfg: ServerBenchConfig, log_dir: str) -> HttpServer:
-    common = [*server_args(cfg), *v.args]
     if v.engine == "llamaspec":
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        return HttpServer(v.label, lambda port: [sys.executable, "-m", "llamaspec.cli.main", "serve", "-m", str(cfg.target),
-                                                 "--host", LOOPBACK, "--port", str(port), *common], log_dir, env=env)
-    binary = find_tool(SERVER, cfg.native_dir)
-    if binary is None:
-        raise UsageError(f"{SERVER} is not built (scripts/build_llama_cpp.sh --targets tools)")
-    return HttpServer(v.label, lambda port: [str(binary), "-m", str(cfg.target), "--host", LOOPBACK, "--port",
-                                             str(port), "--no-webui", "--cache-ram", "0", *common], log_dir)
+        cmd, own, env = [sys.executable, "-m", "llamaspec.cli.main", "serve"], [], {**os.environ, "PYTHONUNBUFFERED": "1"}
+    else:
+        binary = find_tool(SERVER, cfg.native_dir)
+        if binary is None:
+            raise UsageError(f"{SERVER} is not built (scripts/build_llama_cpp.sh --targets tools)")
+        cmd, own, env = [str(binary)], ["--no-webui", "--cache-ram", "0"], None
+    return HttpServer(v.label, lambda port: [*cmd, "-m", str(cfg.target), "--host", LOOPBACK, "--port", str(port), *own,
+                                             *server_args(cfg), *v.args], log_dir, env=env)
 
 
 def measure(server: HttpServer, prompts: Sequence[Sequence[int]], clients: int, n_predict: int, seed: int,
@@ -173,37 +115,31 @@ def measure(server: HttpServer, prompts: Sequence[Sequence[int]], clients: int, 
     n_req = clients * (per_client or math.ceil(len(prompts) / clients))
     jobs = [prompts[i % len(prompts)] for i in range(n_req)]
     lock = threading.Lock()
-    nxt = [0]
+    nxt = itertools.count()  # the next job; next() on a count is atomic
     out: list[dict] = []
     errors: list[str] = []
 
     def client() -> None:
         conn = server.connect()
         try:
-            run(conn)
+            for i in nxt:  # the clients share the count: each takes the next job
+                if i >= len(jobs):
+                    return
+                t0 = time.perf_counter()
+                try:
+                    r = server.complete(jobs[i], n_predict, seed, conn)
+                except Exception as e:  # reported in the run, not fatal
+                    with lock:
+                        errors.append(f"{type(e).__name__}: {e}")
+                    continue
+                t = r.get("timings", {})
+                with lock:
+                    out.append({"predicted_n": int(t.get("predicted_n", r.get("tokens_predicted", 0))),
+                                "prompt_n": int(t.get("prompt_n", 0)), "draft_n": int(t.get("draft_n", 0)),
+                                "draft_n_accepted": int(t.get("draft_n_accepted", 0)),
+                                "latency_s": time.perf_counter() - t0})
         finally:
             conn.close()
-
-    def run(conn: KeepAlive) -> None:
-        while True:
-            with lock:
-                i = nxt[0]
-                nxt[0] += 1
-            if i >= len(jobs):
-                return
-            t0 = time.perf_counter()
-            try:
-                r = server.complete(jobs[i], n_predict, seed, conn)
-            except Exception as e:  # reported in the run, not fatal
-                with lock:
-                    errors.append(f"{type(e).__name__}: {e}")
-                continue
-            t = r.get("timings", {})
-            with lock:
-                out.append({"predicted_n": int(t.get("predicted_n", r.get("tokens_predicted", 0))),
-                            "prompt_n": int(t.get("prompt_n", 0)), "draft_n": int(t.get("draft_n", 0)),
-                            "draft_n_accepted": int(t.get("draft_n_accepted", 0)),
-                            "latency_s": time.perf_counter() - t0})
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     t0 = time.perf_counter()
@@ -276,7 +212,7 @@ def run_server_benchmark(cfg: ServerBenchConfig, progress: Callable[[str], None]
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": cfg.command,
         "duration_s": round(time.time() - t_start, 1),
-        "machine": _machine(),
+        "machine": machine_info(),
         "settings": {"target": cfg.target_name or cfg.target, "draft": cfg.draft_name or cfg.draft,
                      "n_parallel": cfg.n_parallel, "n_ctx": cfg.n_ctx, "n_ctx_seq": n_ctx_seq, "n_batch": cfg.n_batch,
                      "n_predict": cfg.n_predict, "draft_n_max": cfg.draft_n_max, "draft_n_min": cfg.draft_n_min,
@@ -292,12 +228,6 @@ def run_server_benchmark(cfg: ServerBenchConfig, progress: Callable[[str], None]
         "rows": rows,
         "runs": runs,
     }
-
-
-def _machine() -> dict:
-    from .measure import machine_info
-
-    return machine_info()
 
 
 def summarise_server_runs(runs: Sequence[dict]) -> list[dict]:
@@ -320,11 +250,11 @@ def summarise_server_runs(runs: Sequence[dict]) -> list[dict]:
         groups.setdefault((r.get("variant", r["engine"]), r["clients"]), []).append(r)
     first = {k: i for i, k in enumerate(dict.fromkeys(r.get("variant", r["engine"]) for r in runs))}
     rows = []
-    for (k, c), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], rs_engine(kv[1]) != "llamaspec", first[kv[0][0]])):
+    for (k, c), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[1][0]["engine"] != "llamaspec", first[kv[0][0]])):
         tps = [r["tokens_per_s"] for r in rs]
         drafted = sum(r["draft_n"] for r in rs)
         lat = [r["latency_median_s"] for r in rs if r["latency_median_s"] is not None]
-        rows.append({"engine": rs_engine(rs), "variant": k, "server": rs[0]["server"], "clients": c, "n_runs": len(rs),
+        rows.append({"engine": rs[0]["engine"], "variant": k, "server": rs[0]["server"], "clients": c, "n_runs": len(rs),
                      "tps_median": round(statistics.median(tps), 2), "tps_min": round(min(tps), 2),
                      "tps_max": round(max(tps), 2),
                      "acceptance": round(sum(r["draft_n_accepted"] for r in rs) / drafted, 4) if drafted else None,
@@ -345,10 +275,6 @@ def summarise_server_runs(runs: Sequence[dict]) -> list[dict]:
             if same:
                 r["ratio_vs_counterpart"] = round(r["tps_median"] / same[0]["tps_median"], 3)
     return rows
-
-
-def rs_engine(rs: Sequence[dict]) -> str:
-    return rs[0]["engine"]
 
 
 def render_server_markdown(report: dict) -> str:

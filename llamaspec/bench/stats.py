@@ -143,10 +143,7 @@ def first_divergence(a: Sequence, b: Sequence) -> int | None:
     (None, 1, 2)
     """
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return None if len(a) == len(b) else n
+    return next((i for i in range(n) if a[i] != b[i]), None if len(a) == len(b) else n)
 
 
 def schedule(n_repeats: int, n_prompts: int, n_configs: int) -> list[tuple[int, int, int]]:
@@ -157,15 +154,8 @@ def schedule(n_repeats: int, n_prompts: int, n_configs: int) -> list[tuple[int, 
     >>> schedule(2, 1, 3)
     [(0, 0, 0), (0, 0, 1), (0, 0, 2), (1, 0, 2), (1, 0, 1), (1, 0, 0)]
     """
-    order = []
-    for r in range(n_repeats):
-        cfgs = list(range(n_configs))
-        if r % 2 == 1:
-            cfgs.reverse()
-        for p in range(n_prompts):
-            for c in cfgs:
-                order.append((r, p, c))
-    return order
+    return [(r, p, c) for r in range(n_repeats) for p in range(n_prompts)
+            for c in (range(n_configs) if r % 2 == 0 else reversed(range(n_configs)))]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -240,10 +230,7 @@ def aggregate(results: Sequence[RunResult], *, cost_ratio: float | None = None, 
     from ..probe import relative_verify_cost
 
     ok = [r for r in results if r.error is None]
-    keys: list[tuple[str, str]] = []
-    for r in results:
-        if (r.engine, r.mode) not in keys:
-            keys.append((r.engine, r.mode))
+    keys = list(dict.fromkeys((r.engine, r.mode) for r in results))
     rows: list[dict] = []
     tps_median: dict[tuple[str, str], float] = {}
     for eng, mode in keys:
@@ -268,10 +255,7 @@ def aggregate(results: Sequence[RunResult], *, cost_ratio: float | None = None, 
             tps_median[(eng, mode)] = s["median"]
         rows.append(row)
     # speedups, predictions, ratios
-    plain_of = {}
-    for row in rows:
-        if row["mode"] == "plain":
-            plain_of[row["engine"]] = tps_median.get((row["engine"], "plain"))
+    plain_of = {row["engine"]: tps_median.get((row["engine"], "plain")) for row in rows if row["mode"] == "plain"}
     for row in rows:
         eng, mode = row["engine"], row["mode"]
         med = tps_median.get((eng, mode))

@@ -40,6 +40,17 @@ def setup_logging(verbose: int, debug: bool) -> None:
     logging.getLogger("llamaspec.llama_cpp").setLevel(logging.DEBUG if debug else native)
 
 
+def option_group(opts: list) -> Callable:
+    """A decorator adding the click options ``opts`` to a command, in this order."""
+
+    def deco(f):
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+
+    return deco
+
+
 def fail(message: str, code: int = 1) -> None:
     """Print one clear error line on stderr and exit with ``code``."""
     from rich.markup import escape

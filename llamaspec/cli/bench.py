@@ -4,17 +4,16 @@ from __future__ import annotations
 import shlex
 import sys
 import tempfile
+from typing import Callable
 
 import click
 
-from ._common import check_output_path, err_console, handle_errors, resolve_model_arg
+from ._common import check_output_path, err_console, handle_errors, option_group, resolve_model_arg
 from .device_options import device_options, pop_device_options
+from .ngram_options import apply_ngram_options, ngram_options
 
 DEFAULT_MODES = "plain,draft-simple,ngram-mod,ngram-simple,ngram-map-k,lookup"
 DEFAULT_ENGINES = "llamaspec,native,llama-cpp-python"
-#: the research modes (--trace, --copy-set, --pool-soak) when run from a clone: benchmarks/research.py sets it
-#: (the package ships without them and never imports that folder)
-RESEARCH = None
 QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 
 
@@ -74,13 +73,7 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--no-progress", is_flag=True, help="No progress bar (plain log lines on stderr instead).")
 @click.option("--from-json", "from_json", default=None,
               help="Run nothing: recompute the summary of a saved --json report and write the outputs again.")
-@click.option("--spec-ngram-mod-n-min", type=int, default=None, help="ngram-mod: min draft length (default 48).")
-@click.option("--spec-ngram-mod-n-max", type=int, default=None, help="ngram-mod: max draft length (default 64).")
-@click.option("--spec-ngram-mod-n-match", type=int, default=None, help="ngram-mod: n-gram length to match (default 24).")
-@click.option("--spec-ngram-simple-size-n", "ngram_simple_size_n", type=int, default=None, help="ngram-simple: key length (default 12).")
-@click.option("--spec-ngram-simple-size-m", "ngram_simple_size_m", type=int, default=None, help="ngram-simple: draft length (default 48).")
-@click.option("--spec-ngram-map-k-size-n", "ngram_map_k_size_n", type=int, default=None, help="ngram-map-k: key length (default 12).")
-@click.option("--spec-ngram-map-k-size-m", "ngram_map_k_size_m", type=int, default=None, help="ngram-map-k: draft length (default 48).")
+@option_group(ngram_options(bench=True))
 @click.option("--load", "load_busy", type=click.IntRange(min=0), default=0, show_default=True,
               help="Run the comparison with this many busy-loop processes beside it on the same cores (a busy machine).")
 @click.option("--load-decode", type=click.IntRange(min=0), default=0, show_default=True,
@@ -89,10 +82,10 @@ QUICK_PROMPTS, QUICK_CHARS, QUICK_N = 3, 200, 24
 @click.option("--load-threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="Threads of each --load-decode process.")
 @handle_errors
-def bench(quick, server_mode, clients, requests_per_client, sweep, server_variants, n_parallel, pair, model, draft_model, modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size,
-          flash_attn, seed, spec_draft_n_max, spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol,
-          json_path, md_path, plot_path, cache_dir, no_progress, from_json, load_busy, load_decode, load_model, load_threads,
-          **ngram_kw):
+def bench(quick, server_mode, clients, requests_per_client, sweep, server_variants, n_parallel, pair, model, draft_model,
+          modes, engines, prompts_file, limit, n_predict, repeats, ctx_size, batch_size, flash_attn, seed, spec_draft_n_max,
+          spec_draft_n_min, native_dir, no_warmup, no_costs, near_tie_tol, json_path, md_path, plot_path, cache_dir,
+          no_progress, from_json, load_busy, load_decode, load_model, load_threads, **ngram_kw):
     """Benchmark llamaspec against native llama.cpp and llama-cpp-python on the same models and settings.
 
     Every configuration (engine x mode) runs on every prompt back to back, in alternating order on
@@ -101,13 +94,12 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
     llamaspec/native ratio, the efficiency against the speedup model, and any token divergence.
     """
     from llamaspec.bench import BenchConfig, load_prompts, parse_modes, run_benchmark
+    from llamaspec.bench.load import LoadSpec
     from llamaspec.bench.prompts import quick_subset
     from llamaspec.errors import UsageError
     from llamaspec.params import SpecParams
 
     dev = pop_device_options(ngram_kw)  # -ngl -ngld -mg -sm -ts -t -tb -td, the same for every engine
-    # --trace / --copy-set / --pool-soak: research modes, from a clone (python -m benchmarks.research)
-    extra = RESEARCH.pop_extra_options(ngram_kw) if RESEARCH is not None else {}
     server_mode = server_mode or sweep  # the sweep is a server benchmark
     if server_variants and not server_mode:
         raise UsageError("--server-variants compares servers: add --server (or --sweep)")
@@ -121,39 +113,13 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
 
         require_matplotlib()
     if from_json:
-        import json
-        from pathlib import Path
-
-        from llamaspec.bench.core import resummarise
-
-        try:
-            saved = json.loads(Path(from_json).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise UsageError(f"--from-json: file not found: {from_json}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UsageError(f"--from-json: {from_json} is not a JSON report") from None
-        if not isinstance(saved, dict) or "runs" not in saved or "settings" not in saved:
-            raise UsageError(f"--from-json: {from_json} is not a llamaspec bench report")
-        _emit(resummarise(saved), json_path, md_path, plot_path)
-        return
-    ctx = click.get_current_context()
-
-    def given(name: str) -> bool:
-        return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
-
-    if any(extra.get(m) for m in ("trace", "copy_set", "pool_soak")):
-        return RESEARCH.run_extra(extra, given, pair=pair, model=model, draft_model=draft_model, cache_dir=cache_dir,
-                         n_predict=n_predict, repeats=repeats, ctx_size=ctx_size, n_parallel=n_parallel, dev=dev,
-                         native_dir=native_dir, json_path=json_path, md_path=md_path, near_tie_tol=near_tie_tol,
-                         no_progress=no_progress, limit=limit, run_with_progress=_run_with_progress)
+        return _emit(_saved_report(from_json), json_path, md_path, plot_path)
+    given = _given()
     spec = SpecParams()
     spec.draft.n_max, spec.draft.n_min = spec_draft_n_max, spec_draft_n_min
-    from .ngram_options import apply_ngram_options
-
     apply_ngram_options(spec, ngram_kw)
 
     tmpdir = None
-    target_name = draft_name = None
     if quick:
         if pair or model or draft_model:
             raise UsageError("--quick uses the tiny test models: drop --pair / -m / -md")
@@ -190,8 +156,6 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
         target = resolve_model_arg(target_name, cache_dir)
         draft = resolve_model_arg(draft_name, cache_dir) if draft_name else None
 
-    from llamaspec.bench.load import LoadSpec
-
     load = LoadSpec(busy=load_busy, decode=load_decode, threads=load_threads,
                     model=(resolve_model_arg(load_model, cache_dir) if load_model else target) if load_decode else None)
     prompts = load_prompts(prompts_file)
@@ -200,89 +164,100 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
     elif limit:
         prompts = quick_subset(prompts, limit)
     command = "llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None
-    if server_mode:
-        if sweep:
-            clients = clients if given("clients") else "1,2,4,8,16"
-            n_parallel = n_parallel if given("n_parallel") else 16
-        return _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts, command, clients,
-                            server_variants, n_parallel, engines, n_predict, repeats, ctx_size, batch_size, dev, seed, spec_draft_n_max,
-                            spec_draft_n_min, native_dir, json_path, md_path, plot_path,
-                            per_client=requests_per_client or (32 if quick else 0), load=load)
-    mode_list = parse_modes(modes)
-    engine_list = [e.strip() for e in engines.split(",") if e.strip()]
-    cfg = BenchConfig(
-        target=target, draft=draft, modes=mode_list, engines=engine_list, prompts=prompts, n_predict=n_predict,
-        repeats=repeats, n_ctx=ctx_size, n_batch=batch_size, threads=dev["n_threads"] or 0,
-        threads_batch=dev["n_threads_batch"] or 0, threads_draft=dev["n_threads_draft"] or 0,
-        # the bench's CPU default (-ngl 0) would leave RPC servers empty: with --rpc, all layers go to them
-        n_gpu_layers=(-1 if dev["rpc_servers"] else 0) if dev["n_gpu_layers"] is None else dev["n_gpu_layers"],
-        n_gpu_layers_draft=dev["n_gpu_layers_draft"], main_gpu=dev["main_gpu"], split_mode=dev["split_mode"],
-        tensor_split=tuple(dev["tensor_split"]) if dev["tensor_split"] is not None else None, flash_attn=flash_attn == "on",
-        rpc_servers=dev["rpc_servers"], rpc_servers_draft=dev["rpc_servers_draft"],
-        seed=seed, spec=spec, warmup=not no_warmup, measure_costs=not no_costs, near_tie_tol=near_tie_tol,
-        native_dir=native_dir, pair=pair, target_name=target_name, draft_name=draft_name, prompts_file=prompts_file,
-        quick=quick, command=command,
-    )
     try:
-        report = _with_load(load, lambda: _run_with_progress(cfg, run_benchmark, no_progress))
+        if server_mode:
+            from llamaspec.bench.server_mode import run_server_benchmark
+
+            if sweep:
+                clients = clients if given("clients") else "1,2,4,8,16"
+                n_parallel = n_parallel if given("n_parallel") else 16
+            cfg = _server_config(given, quick, target=target, draft=draft, prompts=prompts, clients=clients,
+                                 engines=engines, n_parallel=n_parallel, n_predict=n_predict, repeats=repeats,
+                                 ctx_size=ctx_size, batch_size=batch_size, dev=dev, draft_n_max=spec_draft_n_max,
+                                 draft_n_min=spec_draft_n_min, seed=seed, native_dir=native_dir,
+                                 requests_per_client=requests_per_client or (32 if quick else 0), target_name=target_name,
+                                 draft_name=draft_name, variants=server_variants, command=command)
+            report = _with_load(load, lambda: run_server_benchmark(cfg, lambda t: err_console.print(f"[dim]{t}[/]",
+                                                                                                   highlight=False)))
+        else:
+            cfg = BenchConfig(
+                target=target, draft=draft, modes=parse_modes(modes),
+                engines=[e.strip() for e in engines.split(",") if e.strip()], prompts=prompts, n_predict=n_predict,
+                repeats=repeats, n_ctx=ctx_size, n_batch=batch_size, threads=dev["n_threads"] or 0,
+                threads_batch=dev["n_threads_batch"] or 0, threads_draft=dev["n_threads_draft"] or 0,
+                # the bench's CPU default (-ngl 0) would leave RPC servers empty: with --rpc, all layers go to them
+                n_gpu_layers=(-1 if dev["rpc_servers"] else 0) if dev["n_gpu_layers"] is None else dev["n_gpu_layers"],
+                n_gpu_layers_draft=dev["n_gpu_layers_draft"], main_gpu=dev["main_gpu"], split_mode=dev["split_mode"],
+                tensor_split=tuple(dev["tensor_split"]) if dev["tensor_split"] is not None else None,
+                flash_attn=flash_attn == "on", rpc_servers=dev["rpc_servers"], rpc_servers_draft=dev["rpc_servers_draft"],
+                seed=seed, spec=spec, warmup=not no_warmup, measure_costs=not no_costs, near_tie_tol=near_tie_tol,
+                native_dir=native_dir, pair=pair, target_name=target_name, draft_name=draft_name,
+                prompts_file=prompts_file, quick=quick, command=command,
+            )
+            report = _with_load(load, lambda: _run_with_progress(cfg, run_benchmark, no_progress))
     finally:
         if tmpdir is not None:
             tmpdir.cleanup()
     _emit(report, json_path, md_path, plot_path)
 
 
-def _server_mode(quick, given, target, draft, target_name, draft_name, tmpdir, prompts, command, clients, variants, n_parallel,
-                 engines, n_predict, repeats, ctx_size, batch_size, dev, seed, n_max, n_min, native_dir, json_path, md_path, plot_path=None,
-                 per_client=0, load=None):
-    """``--server``: llamaspec serve against llama-server (llamaspec/bench/server_mode.py)."""
-    from importlib.util import find_spec
+def _given() -> Callable[[str], bool]:
+    """``given(name)``: whether the command line (not the default) set option ``name``."""
+    ctx = click.get_current_context()
+    return lambda name: ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
 
-    from llamaspec.bench.report import write_atomic, write_json
-    from llamaspec.bench.server_mode import ServerBenchConfig, render_server_markdown, run_server_benchmark
-    from llamaspec.bench.server_variants import parse_variants
+
+def _saved_report(path: str) -> dict:
+    """``--from-json``: a saved report, its summary recomputed from its runs."""
+    import json
+    from pathlib import Path
+
+    from llamaspec.bench.analysis import resummarise
     from llamaspec.errors import UsageError
 
     try:
-        missing = [m for m in ("starlette", "uvicorn") if find_spec(m) is None]
-        if missing:
-            raise UsageError(f'bench --server needs {" and ".join(missing)} for llamaspec serve: pip install "llamaspec[server]"')
-        try:
-            counts = tuple(int(x) for x in clients.split(",") if x.strip())
-        except ValueError:
-            raise UsageError(f"--clients: a comma list of integers, not {clients!r}") from None
-        cfg = ServerBenchConfig(
-            target=target, draft=draft, prompts=prompts, clients=counts,
-            engines=tuple(e.strip() for e in (engines if given("engines") else "llamaspec,native").split(",") if e.strip()),
-            n_parallel=n_parallel, n_predict=n_predict, repeats=repeats if given("repeats") or quick else 2,
-            n_ctx=ctx_size if given("ctx_size") else ctx_size * n_parallel, n_batch=batch_size,
-            # --quick: one thread (tiny models; a busy machine makes llama.cpp's thread pool spin)
-            threads=dev["n_threads"] or (1 if quick else 0), n_gpu_layers=dev["n_gpu_layers"] or 0,
-            n_gpu_layers_draft=dev["n_gpu_layers_draft"], draft_n_max=n_max, draft_n_min=n_min, seed=seed, native_dir=native_dir,
-            requests_per_client=per_client,
-            target_name=target_name, draft_name=draft_name, quick=quick,
-            variants=tuple(parse_variants(variants, draft, n_max, n_min)) if variants else None,
-            command=command)
-        report = _with_load(load, lambda: run_server_benchmark(cfg, lambda t: err_console.print(f"[dim]{t}[/]", highlight=False)))
-    finally:
-        if tmpdir is not None:
-            tmpdir.cleanup()
-    md = render_server_markdown(report)
-    click.echo(md)
-    if json_path:
-        write_json(report, json_path)
-    if md_path:
-        write_atomic(md_path, md)
-    if plot_path:
-        from llamaspec.bench.server_variants import plot_server_png
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--from-json: file not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UsageError(f"--from-json: {path} is not a JSON report") from None
+    if not isinstance(saved, dict) or "runs" not in saved or "settings" not in saved:
+        raise UsageError(f"--from-json: {path} is not a llamaspec bench report")
+    return resummarise(saved)
 
-        plot_server_png(report, plot_path)
+
+def _server_config(given, quick, *, clients, engines, n_parallel, repeats, ctx_size, batch_size, dev, variants, **kw):
+    """``--server``: llamaspec serve against llama-server (llamaspec/bench/server_mode.py)."""
+    from importlib.util import find_spec
+
+    from llamaspec.bench.server_mode import ServerBenchConfig
+    from llamaspec.bench.server_variants import parse_variants
+    from llamaspec.errors import UsageError
+
+    missing = [m for m in ("starlette", "uvicorn") if find_spec(m) is None]
+    if missing:
+        raise UsageError(f'bench --server needs {" and ".join(missing)} for llamaspec serve: pip install "llamaspec[server]"')
+    try:
+        counts = tuple(int(x) for x in clients.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--clients: a comma list of integers, not {clients!r}") from None
+    return ServerBenchConfig(
+        clients=counts,
+        engines=tuple(e.strip() for e in (engines if given("engines") else "llamaspec,native").split(",") if e.strip()),
+        n_parallel=n_parallel, repeats=repeats if given("repeats") or quick else 2,
+        n_ctx=ctx_size if given("ctx_size") else ctx_size * n_parallel, n_batch=batch_size,
+        # --quick: one thread (tiny models; a busy machine makes llama.cpp's thread pool spin)
+        threads=dev["n_threads"] or (1 if quick else 0), n_gpu_layers=dev["n_gpu_layers"] or 0,
+        n_gpu_layers_draft=dev["n_gpu_layers_draft"], quick=quick,
+        variants=tuple(parse_variants(variants, kw["draft"], kw["draft_n_max"], kw["draft_n_min"])) if variants else None,
+        **kw)
 
 
 def _with_load(load, run) -> dict:
     """``run()`` with the ``--load`` processes beside it (none: as it is); the load goes into the report."""
     from llamaspec.bench.load import BackgroundLoad
 
-    if load is None or not load.active:
+    if not load.active:
         report = run()
         report["load"] = {"busy": 0, "decode": 0, "description": "none (quiet machine)"}
         return report
@@ -294,32 +269,42 @@ def _with_load(load, run) -> dict:
 
 
 def _emit(report: dict, json_path, md_path, plot_path) -> None:
-    from llamaspec.bench.report import headline, plot_png, render_markdown, rich_table, write_atomic, write_json
+    """The report on the terminal (``--server``'s: its markdown, on stdout), then the files asked for."""
+    from llamaspec._io import write_atomic
+    from llamaspec.bench import report as R
 
-    con = err_console
-    if not con.is_terminal:  # a log file or a pipe: do not squeeze the table into 80 columns
-        from rich.console import Console
+    if report.get("kind") == "server":
+        from llamaspec.bench.server_mode import render_server_markdown
+        from llamaspec.bench.server_variants import plot_server_png
 
-        con = Console(stderr=True, width=140, highlight=False)
-    con.print(rich_table(report))
+        md = render_server_markdown(report)
+        click.echo(md)
+        render, plot = (lambda _r: md), plot_server_png
+    else:
+        render, plot = R.render_markdown, R.plot_png
+        con = err_console
+        if not con.is_terminal:  # a log file or a pipe: do not squeeze the table into 80 columns
+            from rich.console import Console
 
-    for line in headline(report):
-        con.print(f"  {line}", markup=False, highlight=False)
-    eq = report["equality"]
-    n_div = len(eq["divergences"])
-    n_tie = sum(1 for d in eq["divergences"] if d.get("near_tie"))
-    con.print(f"token equality: {eq['n_compared']} outputs compared with {eq['reference']}: "
-                      f"{n_div} diverge ({n_tie} near-ties)", markup=False, highlight=False)
-    for n in report["notes"]:
-        con.print(f"[yellow]note:[/] {n}", highlight=False)
-    if report["errors"]:
-        con.print(f"[red]{len(report['errors'])} run(s) failed[/]; first: {report['errors'][0]['error']}", highlight=False)
+            con = Console(stderr=True, width=140, highlight=False)
+        con.print(R.rich_table(report))
+        for line in R.headline(report):
+            con.print(f"  {line}", markup=False, highlight=False)
+        eq = report["equality"]
+        n_tie = sum(1 for d in eq["divergences"] if d.get("near_tie"))
+        con.print(f"token equality: {eq['n_compared']} outputs compared with {eq['reference']}: "
+                  f"{len(eq['divergences'])} diverge ({n_tie} near-ties)", markup=False, highlight=False)
+        for n in report["notes"]:
+            con.print(f"[yellow]note:[/] {n}", highlight=False)
+        if report["errors"]:
+            con.print(f"[red]{len(report['errors'])} run(s) failed[/]; first: {report['errors'][0]['error']}",
+                      highlight=False)
     if json_path:
-        write_json(report, json_path)
+        R.write_json(report, json_path)
     if md_path:
-        write_atomic(md_path, render_markdown(report))
+        write_atomic(md_path, render(report))
     if plot_path:
-        plot_png(report, plot_path)
+        plot(report, plot_path)
 
 
 def _run_with_progress(cfg, run, no_progress: bool) -> dict:

@@ -9,6 +9,8 @@ import re
 
 import click
 
+from ._common import option_group
+
 #: the keyword names the options fill in, in order
 KEYS = ("n_gpu_layers", "n_gpu_layers_draft", "main_gpu", "split_mode", "tensor_split", "threads", "threads_batch",
         "threads_draft", "rpc", "rpc_draft")
@@ -49,13 +51,7 @@ def device_options(*, bench: bool = False):
                      help="RPC servers for the draft model (default: none, the draft runs locally next to "
                           "the speculative loop)."),
     ]
-
-    def deco(f):
-        for opt in reversed(opts):
-            f = opt(f)
-        return f
-
-    return deco
+    return option_group(opts)
 
 
 def _int(flag: str, v: str | None, *, allow_all: bool = False) -> int | None:

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import click
 
-#: the keyword names the options fill in (the fields of ``Limits``)
-KEYS = ("max_request_generations", "max_queued_generations", "max_prompt_chars", "max_stop", "max_stop_chars",
-        "max_json_depth", "max_body_size", "max_grammar_alternatives", "shutdown_timeout", "max_url_bytes",
-        "max_header_bytes", "max_headers", "timeout", "max_connections")
+from ._common import option_group
 
 # the defaults of llamaspec.server.limits.Limits (that module needs starlette, which the CLI must not import
 # before `serve` checks that it is installed); tests/test_server_limits.py checks that they agree
@@ -18,6 +15,8 @@ DEFAULTS = {"max_request_generations": 64, "max_queued_generations": 1024, "max_
             "max_stop": 16, "max_stop_chars": 1024, "max_json_depth": 64, "max_body_size": 8 << 20,
             "max_grammar_alternatives": 512, "shutdown_timeout": 10.0, "max_url_bytes": 8192,
             "max_header_bytes": 16384, "max_headers": 100, "timeout": 600.0, "max_connections": 1024}
+#: the keyword names the options fill in (the fields of ``Limits``)
+KEYS = tuple(DEFAULTS)
 
 
 def limit_options():
@@ -62,13 +61,7 @@ def limit_options():
         click.option("--max-connections", type=click.IntRange(1), default=d["max_connections"], show_default=True,
                      help="Connections open at once (a request on one more: 503)."),
     ]
-
-    def deco(f):
-        for opt in reversed(opts):
-            f = opt(f)
-        return f
-
-    return deco
+    return option_group(opts)
 
 
 def pop_limit_options(kw: dict):

@@ -56,8 +56,6 @@ def overview() -> str:
             probe_args = f"{p.target} -md {p.draft}"
     except Exception:  # a broken models.toml must not break the overview; `generate` reports it properly
         pass
-    serve = ("llamaspec serve --help\n      an OpenAI-compatible server" if "serve" in main.commands
-             else "llamaspec serve\n      an OpenAI-compatible server: coming")
     return f"""llamaspec {__version__}: speculative decoding for llama.cpp models. A small draft model (or n-gram
 lookup) proposes tokens, the target model checks them all in one batch: the same text, sooner
 (greedy output is exactly the target's own).
@@ -70,7 +68,8 @@ Try first:
   llamaspec probe {probe_args}
       will speculation pay off? memory level, verify costs, recommended draft length
 
-  {serve}
+  llamaspec serve --help
+      an OpenAI-compatible server
 
 All commands and options: llamaspec --help, llamaspec COMMAND --help; models: llamaspec models list"""
 
@@ -78,20 +77,13 @@ All commands and options: llamaspec --help, llamaspec COMMAND --help; models: ll
 def _register() -> None:
     from .bench import bench
     from .generate import generate
+    from .models import models
     from .ngram_cache import ngram_cache
     from .probe import probe
     from .serve import serve
 
-    main.add_command(bench)
-    main.add_command(generate)
-    main.add_command(probe)
-    main.add_command(ngram_cache)
-    main.add_command(serve)
-    try:
-        from .models import models
-    except ImportError:  # pragma: no cover - during development only
-        return
-    main.add_command(models)
+    for cmd in (bench, generate, probe, ngram_cache, serve, models):
+        main.add_command(cmd)
 
 
 _register()

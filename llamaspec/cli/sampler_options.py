@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import click
 
+from ._common import option_group
+
 __all__ = ["sampler_options", "sampler_extra"]
 
 _KEY = "llamaspec.sampler_extra"
@@ -82,11 +84,8 @@ _OPTIONS = (
 )
 
 
-def sampler_options(f):
-    """Add the options (see the module docstring) to a click command."""
-    for opt in reversed(_OPTIONS):
-        f = opt(f)
-    return f
+#: adds the options (see the module docstring) to a click command
+sampler_options = option_group(list(_OPTIONS))
 
 
 def sampler_extra(ctx: click.Context | None = None) -> dict:

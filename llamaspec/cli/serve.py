@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import click
 
-from ._common import err_console, handle_errors
+from ._common import err_console, handle_errors, option_group
 from .device_options import device_options, pop_device_options
 from .limit_options import limit_options, pop_limit_options
-from .serve_setup import (apply_logging, chat_template_arg, ctx_size_arg, flash_attn_arg, kv_f32_arg, model_sources,
-                          n_parallel_arg, read_api_keys, server_config)
 from .sampler_options import sampler_extra, sampler_options
+from .serve_setup import (apply_logging, chat_template_arg, ctx_size_arg, flash_attn_arg, kv_f32_arg, model_sources,
+                          n_parallel_arg, pop_slot_options, read_api_keys, server_config, slot_options)
 from .server_compat import ServeCommand
-from .slot_options import pop_slot_options, slot_options
 from .spec_options import resolve_spec_models, spec_options
 
 _SERVER_OPTIONS = [
@@ -117,14 +116,8 @@ _LOG_OPTIONS = [
 ]
 
 
-def _options(f):
-    for opt in reversed(_MODEL_OPTIONS + _SERVER_OPTIONS + _ENGINE_OPTIONS + _SAMPLING_OPTIONS + _LOG_OPTIONS):
-        f = opt(f)
-    return f
-
-
 @click.command(cls=ServeCommand)
-@_options
+@option_group(_MODEL_OPTIONS + _SERVER_OPTIONS + _ENGINE_OPTIONS + _SAMPLING_OPTIONS + _LOG_OPTIONS)
 @device_options()
 @limit_options()
 @slot_options

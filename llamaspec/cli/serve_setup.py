@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
+
+import click
 
 from llamaspec.errors import UsageError
 
-__all__ = ["read_api_keys", "chat_template_arg", "flash_attn_arg", "kv_f32_arg", "n_parallel_arg", "ctx_size_arg",
-           "apply_logging", "model_sources", "server_config", "comma_list"]
+from .server_compat import FALSE, TRUE
 
-TRUE = ("on", "enabled", "true", "1")
-FALSE = ("off", "disabled", "false", "0")
+__all__ = ["read_api_keys", "chat_template_arg", "flash_attn_arg", "kv_f32_arg", "n_parallel_arg", "ctx_size_arg",
+           "apply_logging", "model_sources", "server_config", "comma_list", "slot_options", "pop_slot_options"]
+
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 #: ``-np -1`` (auto): llama-server's choice
 AUTO_N_PARALLEL = 4
@@ -157,3 +160,24 @@ def server_config(*, model: str | None, path: str, alias: str | None, tags: str 
                         tags=sorted(set(comma_list(tags))), api_keys=kw.pop("keys"), chat_template=kw.pop("template"),
                         cors_origins=origins, cors_methods=methods, cors_headers=headers, cors_credentials=credentials,
                         defaults=Defaults(**defaults), **kw)
+
+
+def slot_options(f):
+    """Decorator adding ``--slot-save-path DIR`` (``POST /slots/{id}?action=save|restore`` files live there; without
+    it the route answers 501, as llama-server) and ``--spm-infill`` (``/infill`` prompts in suffix/prefix/middle
+    order), with llama-server's meaning."""
+    f = click.option("--spm-infill", "spm_infill", is_flag=True,
+                     help="Infill prompts in Suffix/Prefix/Middle order instead of Prefix/Suffix/Middle (some models "
+                          "prefer it).")(f)
+    return click.option("--slot-save-path", "slot_save_path", default=None, metavar="DIR",
+                        help="Directory of the slot files of POST /slots/{id}?action=save|restore (default: disabled, "
+                             "501).")(f)
+
+
+def pop_slot_options(kw: dict) -> dict:
+    """Take the two flags out of ``kw`` (the command's keyword arguments): ``ServerConfig`` keywords. A
+    ``--slot-save-path`` that is not a directory is a usage error, as in llama-server."""
+    path, spm = kw.pop("slot_save_path", None), bool(kw.pop("spm_infill", False))
+    if path is not None and not os.path.isdir(path):
+        raise UsageError(f"--slot-save-path: not a directory: {path}")
+    return {"slot_save_path": os.path.abspath(path) if path is not None else None, "spm_infill": spm}

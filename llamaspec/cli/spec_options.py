@@ -5,6 +5,9 @@ import click
 
 from llamaspec.params import VERIFY_MODES
 
+from ._common import option_group
+from .ngram_options import apply_ngram_options, ngram_options
+
 _OPTIONS = [
     click.option("-md", "--draft-model", "--spec-draft-model", "--model-draft", "draft_model", default=None,
                  help="Draft model (name from models.toml or GGUF path); enables draft-simple unless --spec-type says otherwise."),
@@ -54,12 +57,7 @@ _OPTIONS = [
 ]
 
 
-def spec_options(f):
-    from .ngram_options import OPTIONS as NGRAM_OPTIONS
-
-    for opt in reversed(_OPTIONS + NGRAM_OPTIONS):
-        f = opt(f)
-    return f
+spec_options = option_group(_OPTIONS + ngram_options())
 
 
 def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max, spec_draft_n_min, spec_draft_p_min,
@@ -75,30 +73,21 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
         p.add_types(t)
     if not spec_type and not spec_default and not spec_parity and spec_synth_len is None and spec_synth_rates is None:
         p.add_types("auto")  # beyond llama.cpp: the default; --spec-parity keeps llama.cpp's (none / draft-simple)
-    if spec_ngram_lookup_n_max is not None:
-        if not 0 <= spec_ngram_lookup_n_max <= 1024:
-            raise UsageError(f"--spec-ngram-lookup-n-max must be between 0 and 1024, got {spec_ngram_lookup_n_max}")
-        p.ngram_lookup.n_max = spec_ngram_lookup_n_max
-    if spec_pool_tokens is not None:
-        if spec_pool_tokens < 0:
-            raise UsageError(f"--spec-pool-tokens must be >= 0 (0 = no pool), got {spec_pool_tokens}")
-        p.ngram_lookup.pool_tokens = spec_pool_tokens
+    for flag, v, ok, rule, target, field in (
+            ("--spec-ngram-lookup-n-max", spec_ngram_lookup_n_max, lambda v: 0 <= v <= 1024, "be between 0 and 1024",
+             p.ngram_lookup, "n_max"),
+            ("--spec-pool-tokens", spec_pool_tokens, lambda v: v >= 0, "be >= 0 (0 = no pool)", p.ngram_lookup, "pool_tokens"),
+            ("--spec-draft-n-max", spec_draft_n_max, lambda v: v >= 0, "be >= 0", p.draft, "n_max"),
+            ("--spec-draft-n-min", spec_draft_n_min, lambda v: v >= 0, "be >= 0", p.draft, "n_min"),
+            ("--spec-draft-p-min", spec_draft_p_min, lambda v: 0.0 <= v <= 1.0, "be in [0, 1]", p.draft, "p_min")):
+        if v is not None:
+            if not ok(v):
+                raise UsageError(f"{flag} must {rule}, got {v}")
+            setattr(target, field, v)
     p.ngram_lookup.pool_shared = bool(spec_pool_shared)
     if spec_default:
         p.add_types("ngram-mod")
         p.ngram_mod.n_match, p.ngram_mod.n_min, p.ngram_mod.n_max = 24, 48, 64
-    if spec_draft_n_max is not None:
-        if spec_draft_n_max < 0:
-            raise UsageError(f"--spec-draft-n-max must be >= 0, got {spec_draft_n_max}")
-        p.draft.n_max = spec_draft_n_max
-    if spec_draft_n_min is not None:
-        if spec_draft_n_min < 0:
-            raise UsageError(f"--spec-draft-n-min must be >= 0, got {spec_draft_n_min}")
-        p.draft.n_min = spec_draft_n_min
-    if spec_draft_p_min is not None:
-        if not 0.0 <= spec_draft_p_min <= 1.0:
-            raise UsageError(f"--spec-draft-p-min must be in [0, 1], got {spec_draft_p_min}")
-        p.draft.p_min = spec_draft_p_min
     p.draft.reuse_kv = spec_draft_reuse_kv
     if spec_draft_vocab is not None and spec_draft_vocab != 0 and spec_draft_vocab < 256:
         raise UsageError(f"--spec-draft-vocab must be 0 (the whole vocabulary) or at least 256 tokens, got {spec_draft_vocab}")
@@ -117,8 +106,6 @@ def build_spec_params(*, draft_model, spec_type, spec_default, spec_draft_n_max,
             p.synth_rates = parse_synth_rates(spec_synth_rates)
     if spec_draft_n_max is None and p.draft_adaptive_on():
         p.draft.n_max = ADAPTIVE_DRAFT_N_MAX  # the ceiling of the adaptive length
-    from .ngram_options import apply_ngram_options
-
     apply_ngram_options(p, extra)
     if "draft-simple" in p.types and not draft_model:
         raise UsageError("--spec-type draft-simple needs a draft model: add --draft-model (-md) NAME|PATH")
