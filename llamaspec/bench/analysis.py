@@ -13,33 +13,23 @@ from .runners import BenchPrompt
 from .stats import RunResult, aggregate, first_divergence, per_group_tps
 
 
-class TieChecker:
-    """Teacher-forces a shared prefix on the target and looks at the logits where two outputs part."""
+def tie_info(ctx: llama.Context, prefix: Sequence[int], ref_tok: int, other_tok: int | None, tol: float) -> dict:
+    """Teacher-force the shared ``prefix`` on the target's ``ctx`` and look at the logits where two outputs part."""
+    import numpy as np
 
-    def __init__(self, model: llama.Model, cfg: BenchConfig, threads: int):
-        self.ctx = llama.Context(model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=threads, flash_attn=cfg.flash_attn,
-                                 n_threads_batch=cfg.threads_batch or threads)
-        self.model = model
-
-    def check(self, prefix: Sequence[int], ref_tok: int, other_tok: int | None, tol: float) -> dict:
-        import numpy as np
-
-        self.ctx.memory.clear(True)
-        self.ctx.decode_tokens(list(prefix), 0, 0)
-        lg = np.array(self.ctx.logits(-1), dtype=np.float64)
-        order = np.argsort(-lg)
-        top, second = float(lg[order[0]]), float(lg[order[1]])
-        d = {"top_token": int(order[0]), "top2_gap": top - second, "ref_logit_gap": top - float(lg[ref_tok])}
-        if other_tok is not None:
-            d["other_logit_gap"] = top - float(lg[other_tok])
-            d["ref_other_gap"] = abs(float(lg[ref_tok]) - float(lg[other_tok]))
-            d["near_tie"] = bool(d["ref_other_gap"] <= tol and d["ref_logit_gap"] <= tol and d["other_logit_gap"] <= tol)
-        else:
-            d["near_tie"] = bool(d["top2_gap"] <= tol and d["ref_logit_gap"] <= tol)
-        return d
-
-    def close(self) -> None:
-        self.ctx.close()
+    ctx.memory.clear(True)
+    ctx.decode_tokens(list(prefix), 0, 0)
+    lg = np.array(ctx.logits(-1), dtype=np.float64)
+    order = np.argsort(-lg)
+    top, second = float(lg[order[0]]), float(lg[order[1]])
+    d = {"top_token": int(order[0]), "top2_gap": top - second, "ref_logit_gap": top - float(lg[ref_tok])}
+    if other_tok is not None:
+        d["other_logit_gap"] = top - float(lg[other_tok])
+        d["ref_other_gap"] = abs(float(lg[ref_tok]) - float(lg[other_tok]))
+        d["near_tie"] = bool(d["ref_other_gap"] <= tol and d["ref_logit_gap"] <= tol and d["other_logit_gap"] <= tol)
+    else:
+        d["near_tie"] = bool(d["top2_gap"] <= tol and d["ref_logit_gap"] <= tol)
+    return d
 
 
 def trim_eog(tokens: Sequence[int], vocab: llama.Vocab) -> list[int]:
@@ -113,19 +103,17 @@ def check_outputs(cfg: BenchConfig, results: list[RunResult], prompts: list[Benc
                       "ref_token": rt[idx], "other_token": other_tok, "compared": "tokens" if r.tokens is not None else "text"}
     divs = list(found.values())
     if divs:
-        checker = TieChecker(model, cfg, threads)
-        try:
+        with llama.Context(model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=threads, flash_attn=cfg.flash_attn,
+                           n_threads_batch=cfg.threads_batch or threads) as ctx:
             for d in divs:
                 prefix = list(ptoks[d["prompt_id"]]) + ref[d["prompt_id"]][: d["index"]]
                 if len(prefix) >= cfg.n_ctx:
                     continue
-                info = checker.check(prefix, d["ref_token"], d["other_token"], cfg.near_tie_tol)
+                info = tie_info(ctx, prefix, d["ref_token"], d["other_token"], cfg.near_tie_tol)
                 d.update({k: (round(v, 5) if isinstance(v, float) else v) for k, v in info.items()})
                 d["ref_piece"] = vocab.token_to_piece(d["ref_token"], special=True).decode("utf-8", "replace")
                 if d["other_token"] is not None:
                     d["other_piece"] = vocab.token_to_piece(d["other_token"], special=True).decode("utf-8", "replace")
-        finally:
-            checker.close()
     parity = []
     by = {(r.engine, r.mode, r.prompt_id): r for r in results if r.repeat == 0 and r.error is None}
     for (e, mode, pid), r in sorted(by.items()):

@@ -72,29 +72,15 @@ class BenchConfig:
             raise UsageError(f"--rpc / --rpc-draft work with --engines llamaspec only (not {', '.join(others)}): "
                              "ggml-rpc-server serves one client at a time and this process holds the connection")
 
-
-@dataclass(frozen=True)
-class Resolved:
-    """The settings of a :class:`BenchConfig` with its defaults filled in (threads, draft layers, placement)."""
-
-    threads: int
-    threads_batch: int
-    threads_draft: int
-    n_gpu_layers_draft: int
-    placement: dict
-
-    @classmethod
-    def of(cls, cfg: BenchConfig) -> Resolved:
-        threads = cfg.threads or llama.default_threads()
-        return cls(threads=threads, threads_batch=cfg.threads_batch or threads, threads_draft=cfg.threads_draft or threads,
-                   n_gpu_layers_draft=cfg.n_gpu_layers if cfg.n_gpu_layers_draft is None else cfg.n_gpu_layers_draft,
-                   placement=dict(main_gpu=cfg.main_gpu, split_mode=cfg.split_mode, tensor_split=cfg.tensor_split))
-
-    def run_settings(self, cfg: BenchConfig) -> RunSettings:
-        return RunSettings(cfg.n_ctx, cfg.n_batch, self.threads, cfg.flash_attn, cfg.seed, cfg.spec,
-                           threads_batch=self.threads_batch, threads_draft=self.threads_draft,
-                           n_gpu_layers=cfg.n_gpu_layers, n_gpu_layers_draft=self.n_gpu_layers_draft, **self.placement,
-                           threads_given=bool(cfg.threads or cfg.threads_batch or cfg.threads_draft))
+    def settings(self) -> RunSettings:
+        """What every engine's runs share, with the defaults filled in (threads, the draft's layers)."""
+        threads = self.threads or llama.default_threads()
+        return RunSettings(self.n_ctx, self.n_batch, threads, self.flash_attn, self.seed, self.spec,
+                           threads_batch=self.threads_batch or threads, threads_draft=self.threads_draft or threads,
+                           n_gpu_layers=self.n_gpu_layers,
+                           n_gpu_layers_draft=self.n_gpu_layers if self.n_gpu_layers_draft is None else self.n_gpu_layers_draft,
+                           main_gpu=self.main_gpu, split_mode=self.split_mode, tensor_split=self.tensor_split,
+                           threads_given=bool(self.threads or self.threads_batch or self.threads_draft))
 
 
 def reference_name(cfg: BenchConfig) -> str:

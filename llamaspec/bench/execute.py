@@ -18,7 +18,7 @@ from .. import _llama as llama
 from .._llama.model import supports_gpu_offload
 from ..errors import UsageError
 from .analysis import check_outputs, summarise
-from .config import BenchConfig, Outcome, Plan, Progress, Resolved, no_progress, reference_name, trimmed_draft_for
+from .config import BenchConfig, Outcome, Plan, Progress, no_progress, reference_name, trimmed_draft_for
 from .modes import Mode
 from .report import build_report
 from .runners import (BenchPrompt, LlamaCppPythonRunner, LlamaspecRunner, NativeRunner, Runner, RunSettings,
@@ -33,7 +33,7 @@ log = logging.getLogger("llamaspec")
 def run_benchmark(cfg: BenchConfig, progress: Progress = no_progress) -> dict:
     """Run everything ``cfg`` asks for and return the report dictionary (JSON-serialisable)."""
     cfg.validate()
-    res = Resolved.of(cfg)
+    res = cfg.settings()
     t_start = time.time()
     machine = machine_info()
     progress("phase", text="loading models")
@@ -48,7 +48,7 @@ def run_benchmark(cfg: BenchConfig, progress: Progress = no_progress) -> dict:
             progress("phase", text="measuring verify-cost curve and draft/target cost")
             costs = measure_costs(models.target, models.draft, res.threads, threads_batch=res.threads_batch,
                                   threads_draft=res.threads_draft, draft_trimmed=trimmed_draft_for(cfg))
-        add_runners(runners, cfg, models, res.run_settings(cfg), log_dir)
+        add_runners(runners, cfg, models, res, log_dir)
         plan = plan_configs(cfg, runners)
 
         progress("phase", text="starting engines and servers")
@@ -152,7 +152,7 @@ class Models:
     draft: llama.Model | None
 
     @classmethod
-    def load(cls, cfg: BenchConfig, res: Resolved) -> Models:
+    def load(cls, cfg: BenchConfig, res: RunSettings) -> Models:
         target = llama.Model(cfg.target, n_gpu_layers=cfg.n_gpu_layers, rpc_servers=cfg.rpc_servers, **res.placement)
         draft = (llama.Model(cfg.draft, n_gpu_layers=res.n_gpu_layers_draft, rpc_servers=cfg.rpc_servers_draft,
                              **res.placement) if cfg.draft else None)

@@ -60,6 +60,11 @@ class RunSettings:
     #: chooses each decode's count itself (llamaspec._llama.threads), as for a user who gives none
     threads_given: bool = True
 
+    @property
+    def placement(self) -> dict:
+        """The multi-GPU placement, as :class:`~llamaspec._llama.Model` keyword arguments."""
+        return dict(main_gpu=self.main_gpu, split_mode=self.split_mode, tensor_split=self.tensor_split)
+
 
 def _ngl(n: int) -> str:
     """A layer count for the tools' ``-ngl``/``-ngld`` (their -1 means 'auto', fit to free memory: all layers

@@ -13,7 +13,8 @@ from ..errors import UsageError
 from .prompts import CATEGORIES
 
 if TYPE_CHECKING:
-    from .config import BenchConfig, Outcome, Resolved
+    from .config import BenchConfig, Outcome
+    from .native import RunSettings
 
 SCHEMA_VERSION = 1
 
@@ -31,7 +32,7 @@ def load_lines(report: dict) -> list[str]:
     return [f"- load beside the run: {ld['description']}{used}"]
 
 
-def build_report(cfg: BenchConfig, res: Resolved, out: Outcome, *, summary: dict, reference: str, machine: dict,
+def build_report(cfg: BenchConfig, res: RunSettings, out: Outcome, *, summary: dict, reference: str, machine: dict,
                  t_start: float, file_type: str | None, gpu_offload: bool) -> dict:
     """The JSON-serialisable report of a run: settings, costs, skipped runs and errors, the summary rows, the
     equality check against ``reference`` and every run (without its tokens)."""

@@ -26,16 +26,21 @@ def comma_list(v: str | None) -> list[str]:
     return [s.strip() for s in (v or "").split(",") if s.strip()]
 
 
+def _read(flag: str, path: str) -> str:
+    """The text of the file a flag names, or a UsageError naming the flag."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{flag}: file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{flag}: cannot read {path}: {e}") from None
+
+
 def read_api_keys(keys: tuple[str, ...], key_file: str | None) -> list[str]:
     """``--api-key`` (repeatable, comma lists) and ``--api-key-file`` (one key per line; ``#`` comments)."""
     out = [k for arg in keys for k in comma_list(arg)]
     if key_file is not None:
-        try:
-            lines = Path(key_file).read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            raise UsageError(f"--api-key-file: file not found: {key_file}") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"--api-key-file: cannot read {key_file}: {e}") from None
+        lines = _read("--api-key-file", key_file).splitlines()
         file_keys = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
         if not file_keys:
             raise UsageError(f"--api-key-file: {key_file} holds no key (one key per line)")
@@ -46,14 +51,7 @@ def read_api_keys(keys: tuple[str, ...], key_file: str | None) -> list[str]:
 def chat_template_arg(name: str | None, file: str | None) -> str | None:
     if name is not None and file is not None:
         raise UsageError("give --chat-template or --chat-template-file, not both")
-    if file is not None:
-        try:
-            return Path(file).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise UsageError(f"--chat-template-file: file not found: {file}") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"--chat-template-file: cannot read {file}: {e}") from None
-    return name
+    return _read("--chat-template-file", file) if file is not None else name
 
 
 def flash_attn_arg(v: str) -> bool | None:
