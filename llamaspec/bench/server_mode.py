@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..errors import UsageError
@@ -65,7 +65,6 @@ class ServerBenchConfig:
     command: str | None = None
     #: the settings compared (server_variants); None: the defaults for the models (``default_variants``)
     variants: tuple[ServerVariant, ...] | None = None
-    extra: dict = field(default_factory=dict)
 
     def chosen_variants(self) -> list[ServerVariant]:
         vs = list(self.variants) if self.variants is not None else parse_variants(
