@@ -216,24 +216,14 @@ def render_markdown(report: dict) -> str:
     cats += sorted({x["category"] for x in report["per_category"]} - set(cats))
     if cats:
         out.append("## Decode tokens/s by prompt category (median over repeats)\n")
-        table: dict[tuple[str, str], dict[str, float]] = {}
-        for x in report["per_category"]:
-            table.setdefault((x["engine"], x["mode"]), {})[x["category"]] = x["decode_tps_median"]
-        rows = [[f"{e} / {mo}"] + [f_num(v.get(c)) for c in cats] for (e, mo), v in
-                sorted(table.items(), key=lambda kv: _row_order(report, kv[0]))]
-        out.append(_md_table(["engine / mode"] + cats, rows))
+        out.append(_category_table(report, report["per_category"], cats, lambda x: f_num(x["decode_tps_median"])))
         out.append("")
         model = [x for x in report.get("per_category_model", []) if x.get("predicted_speedup")]
         if model:
             out.append("## Speedup against the model by prompt category\n")
-            mt: dict[tuple[str, str], dict[str, dict]] = {}
-            for x in model:
-                mt.setdefault((x["engine"], x["mode"]), {})[x["category"]] = x
-            rows = [[f"{e} / {mo}"] + [(f"{f_num(v[c]['speedup'], 2, 'x')} / {f_num(v[c]['predicted_speedup'], 2, 'x')} "
-                                       f"(a {f_num(v[c]['per_token_acceptance'], 2)}, k {f_num(v[c]['mean_draft_length'], 1)})")
-                                      if c in v else "–" for c in cats]
-                    for (e, mo), v in sorted(mt.items(), key=lambda kv: _row_order(report, kv[0]))]
-            out.append(_md_table(["engine / mode"] + cats, rows))
+            out.append(_category_table(report, model, cats, lambda x: (
+                f"{f_num(x['speedup'], 2, 'x')} / {f_num(x['predicted_speedup'], 2, 'x')} "
+                f"(a {f_num(x['per_token_acceptance'], 2)}, k {f_num(x['mean_draft_length'], 1)})")))
             out.append("\nachieved speedup over plain / the model's prediction (1 - a^(k+1)) / ((1 - a)(k c + v(k))) from that "
                        "kind's measured per-token acceptance a and mean draft length k, the measured draft cost c (the "
                        "trimmed draft's for default:TYPES) and verify cost v; `default` (auto) counts every draft as "
@@ -286,14 +276,11 @@ def render_markdown(report: dict) -> str:
         for k, v in report["native_commands"].items():
             out.append(f"- {k}: `{v}`")
         out.append("")
-    extra = []
-    for n in report.get("notes", []):
-        extra.append(f"- {n}")
-    for sk in report.get("skipped", []):
-        extra.append(f"- skipped {sk['engine']} / {sk['mode']}: {sk['reason']}")
     errs = report.get("errors", [])
-    for e in errs[:20]:
-        extra.append(f"- error {e['engine']} / {e['mode']} / {e['prompt_id']} (repeat {e['repeat'] + 1}): {e['error']}")
+    extra = ([f"- {n}" for n in report.get("notes", [])]
+             + [f"- skipped {sk['engine']} / {sk['mode']}: {sk['reason']}" for sk in report.get("skipped", [])]
+             + [f"- error {e['engine']} / {e['mode']} / {e['prompt_id']} (repeat {e['repeat'] + 1}): {e['error']}"
+                for e in errs[:20]])
     if len(errs) > 20:
         extra.append(f"- … {len(errs) - 20} more errors in the JSON")
     if extra:
@@ -305,6 +292,16 @@ def render_markdown(report: dict) -> str:
 
 def row_modes(report: dict) -> list[str]:
     return report.get("row_modes") or report["settings"]["modes"]
+
+
+def _category_table(report: dict, items: list[dict], cats: list[str], cell: Callable[[dict], str]) -> str:
+    """One row per engine / mode (report order), one column per prompt category: ``cell(item)``, or – for none."""
+    by: dict[tuple[str, str], dict[str, dict]] = {}
+    for x in items:
+        by.setdefault((x["engine"], x["mode"]), {})[x["category"]] = x
+    rows = [[f"{e} / {mo}"] + [cell(v[c]) if c in v else "–" for c in cats]
+            for (e, mo), v in sorted(by.items(), key=lambda kv: _row_order(report, kv[0]))]
+    return _md_table(["engine / mode"] + cats, rows)
 
 
 def _row_order(report: dict, key: tuple[str, str]) -> tuple[int, int]:
