@@ -82,6 +82,8 @@ class Runner:
         pass
 
     def _result(self, mode: Mode, prompt: BenchPrompt, repeat: int, **kw) -> RunResult:
+        if mode.is_plain:  # no speculation: no drafting counts
+            kw.update(n_drafted=None, n_accepted=None, n_verif_steps=None, accepted_per_pos=None)
         return RunResult(engine=self.name, mode=mode.name, prompt_id=prompt.id, category=prompt.category, repeat=repeat,
                          tool=self.tool(mode), **kw)
 
@@ -125,13 +127,10 @@ class LlamaspecRunner(Runner):
                 d.pool.clear()  # shared n-gram pool would remember earlier repeats; bench --trace measures that)
         r = eng.generate(list(prompt.tokens), n_predict=n_predict, sampling=llama.SamplingParams(temp=0.0, seed=self.s.seed))
         st = r.stats
-        spec = not mode.is_plain
-        return self._result(
-            mode, prompt, repeat, n_prompt=st.n_prompt or len(prompt.tokens), n_predicted=len(r.tokens),
-            t_prompt_s=st.t_prompt_s, t_decode_s=st.t_decode_s,
-            n_drafted=st.n_drafted if spec else None, n_accepted=st.n_accepted if spec else None,
-            n_verif_steps=st.n_verif_steps if spec else None,
-            accepted_per_pos=list(st.n_accepted_per_pos) if spec else None, tokens=list(r.tokens), text=r.text)
+        return self._result(mode, prompt, repeat, n_prompt=st.n_prompt or len(prompt.tokens), n_predicted=len(r.tokens),
+                            t_prompt_s=st.t_prompt_s, t_decode_s=st.t_decode_s, n_drafted=st.n_drafted,
+                            n_accepted=st.n_accepted, n_verif_steps=st.n_verif_steps,
+                            accepted_per_pos=list(st.n_accepted_per_pos), tokens=list(r.tokens), text=r.text)
 
     def close(self) -> None:
         for e in self.engines.values():
@@ -199,17 +198,15 @@ class NativeRunner(Runner):
         self.prepare(mode)
         res, delta = self.servers[mode.name].complete_counted(prompt.tokens, n_predict, self.s.seed)
         t = res.get("timings", {})
-        spec = not mode.is_plain
-        steps = int(round(delta.get("spec_decode_num_drafts_total", 0)))
         return self._result(
             mode, prompt, repeat, n_prompt=int(t.get("prompt_n", len(prompt.tokens))),
             n_predicted=int(t.get("predicted_n", res.get("tokens_predicted", 0))),
             t_prompt_s=float(t.get("prompt_ms", 0.0)) / 1e3, t_decode_s=float(t.get("predicted_ms", 0.0)) / 1e3,
-            n_drafted=int(round(delta.get("spec_decode_num_draft_tokens_total", 0))) if spec else None,
-            n_accepted=int(round(delta.get("spec_decode_num_accepted_tokens_total", 0))) if spec else None,
-            n_verif_steps=steps if spec else None,
-            accepted_per_pos=per_pos_from_metrics(delta) if spec else None,
-            tokens=[int(x) for x in res.get("tokens", [])], text=res.get("content", ""))
+            n_drafted=int(round(delta.get("spec_decode_num_draft_tokens_total", 0))),
+            n_accepted=int(round(delta.get("spec_decode_num_accepted_tokens_total", 0))),
+            n_verif_steps=int(round(delta.get("spec_decode_num_drafts_total", 0))),
+            accepted_per_pos=per_pos_from_metrics(delta), tokens=[int(x) for x in res.get("tokens", [])],
+            text=res.get("content", ""))
 
     def _run_simple(self, mode: Mode, prompt: BenchPrompt, n_predict: int, repeat: int) -> RunResult:
         cmd, r = run_spec_simple_parsed(self.simple_bin, self.target, self._args(mode), prompt.text, n_predict,
