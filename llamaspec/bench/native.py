@@ -194,7 +194,10 @@ def per_pos_from_metrics(m: dict[str, float]) -> list[int]:
 
 class HttpServer:
     """A server process (``cmd(port)``: ``llamaspec serve`` or llama-server) on a free loopback port, ready once
-    ``/health`` answers, answering greedy completions; its output goes to a log file in ``log_dir``."""
+    ``/health`` answers (``health_path``), answering greedy completions; its output goes to a log file in
+    ``log_dir``."""
+
+    health_path = "/health"
 
     def __init__(self, label: str, cmd: Callable[[int], list[str]], log_dir: str | None = None, env: dict | None = None):
         self.label, self._cmd, self.env = label, cmd, env
@@ -224,7 +227,7 @@ class HttpServer:
                     last_err = self.log_tail()
                     break
                 try:
-                    _http(self.base + "/health", timeout=5)
+                    _http(self.base + self.health_path, timeout=5)
                     return
                 except (urllib.error.URLError, OSError, ConnectionError):
                     time.sleep(0.2)
