@@ -392,11 +392,3 @@ class AutoChain(Chain):
             parts.append(f"{d.type}: {d.stats.n_gen_drafts} drafts, {d.stats.n_acc_tokens} accepted"
                          + (f" ({why})" if why else ""))
         return super().stats_lines() + ["auto: " + "; ".join(parts)]
-
-
-def build_auto_chain(ngram: NgramLookup, draft: Drafter | None, n_seq: int, *, cost: CostModel | None = None,
-                     adaptive: bool = False) -> AutoChain:
-    """The chain of ``auto`` from its drafters (built by :mod:`llamaspec.chain_registry`): ngram-lookup,
-    then the draft model behind the gate when there is one (``adaptive``: its length chosen per slot);
-    ``cost``: the engine's cost model."""
-    return AutoChain(ngram, draft, n_seq, cost=cost, adaptive=adaptive)

@@ -22,12 +22,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("llamaspec")
 
 
-def _forget(d: Drafter, seq_id: int) -> None:
-    """``d.reset(seq_id)`` (every drafter takes the sequence; ngram-mod's shared table is emptied by its
-    ``clear``)."""
-    d.reset(seq_id)
-
-
 class Chain:
     def __init__(self, impls: Sequence[Drafter], n_seq: int):
         if not impls:
@@ -133,6 +127,17 @@ class Chain:
         dp.prompt, dp.result, dp.probs = tuple(prompt), [], None
         dp.n_min, dp.p_min = n_min, p_min
 
+    def result(self, seq_id: int) -> "tuple[list[int], list | None]":
+        """The draft the last :meth:`draft` made for ``seq_id``: its tokens and, from a drafter that sampled
+        them, each token's distribution (else None)."""
+        dp = self.dparams[seq_id]
+        return dp.result, dp.probs
+
+    def drafted_by(self, seq_id: int) -> str | None:
+        """The type of the drafter whose draft ``seq_id`` verified last (None: no drafter's)."""
+        impl = self.impl_last[seq_id]
+        return impl.type if impl is not None else None
+
     def stop_drafting(self, seq_id: int) -> None:
         """``seq_id`` takes no part in the next :meth:`draft`."""
         self.dparams[seq_id].drafting = False
@@ -141,7 +146,7 @@ class Chain:
         """Every drafter forgets what it cached for ``seq_id`` (a failed decode is redone); the sequence's
         draft request and ``impl_last`` stay."""
         for d in self.impls:
-            _forget(d, seq_id)
+            d.reset(seq_id)
 
     def configure_sampling(self, seq_id: int, temp: float, seed: int) -> None:
         for d in self.impls:
@@ -153,7 +158,7 @@ class Chain:
         dp.drafting, dp.result, dp.probs = False, [], None
         self.impl_last[seq_id] = None
         for d in self.impls:
-            _forget(d, seq_id)
+            d.reset(seq_id)
 
     def redecode(self, seq_id: int, tokens: Sequence[int], pos0: int) -> bool:
         """The drafter that owns the draft context decodes ``tokens`` at ``pos0..`` again (after a FULL draft

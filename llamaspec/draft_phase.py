@@ -25,6 +25,8 @@ __all__ = ["DraftPhase"]
 log = logging.getLogger("llamaspec")
 
 Fail = Callable[[Slot, BaseException], None]
+#: a slot's draft request: the slot, its n_max, n_min and p_min (None: the drafter's own)
+_Ask = tuple[Slot, int, "int | None", "float | None"]
 
 
 class DraftPhase:
@@ -52,7 +54,7 @@ class DraftPhase:
         """§7.2 drafting phase: one ``chain.draft()`` for every slot that may draft; replay rounds skip it.
         When the chain raises, each slot drafts alone, and the slot whose draft raises fails."""
         chain = self.chain
-        requested: list[Slot] = []
+        asked: list[_Ask] = []
         drafting: list[Slot] = []
         for s in gen:
             chain.stop_drafting(s.seq_id)
@@ -65,7 +67,7 @@ class DraftPhase:
                 continue
             drafting.append(s)
         if not allow:
-            return requested
+            return []
         for s, n_max, skipped in self.budget.lengths(drafting):
             if skipped:
                 s.stats.n_draft_skipped += 1
@@ -78,16 +80,17 @@ class DraftPhase:
                 fail(s, e)
                 continue
             req = s.options.speculative
-            chain.request_draft(s.seq_id, n_max, s.n_past, s.sampled, s.tokens,
-                                req.n_min if req is not None else None, req.p_min if req is not None else None)
-            requested.append(s)
+            n_min, p_min = (req.n_min, req.p_min) if req is not None else (None, None)
+            chain.request_draft(s.seq_id, n_max, s.n_past, s.sampled, s.tokens, n_min, p_min)
+            asked.append((s, n_max, n_min, p_min))
+        requested = [a[0] for a in asked]
         if not requested:
             return requested
         try:
             t0 = time.perf_counter()
             chain.draft()
             if self.cost_model is not None:
-                lens = [len(chain.dparams[s.seq_id].result) for s in requested]
+                lens = [len(chain.result(s.seq_id)[0]) for s in requested]
                 self.cost_model.add_draft(sum(lens), (time.perf_counter() - t0) * 1e3, n_seqs=len(requested),
                                           n_steps=max(lens))
             return requested
@@ -96,17 +99,14 @@ class DraftPhase:
                 fail(requested[0], e)
                 return []
             log.warning("drafting failed for %d slots together (%s); drafting each alone", len(requested), e)
-        return self._draft_each_alone(requested, fail)
+        return self._draft_each_alone(asked, fail)
 
-    def _draft_each_alone(self, requested: list[Slot], fail: Fail) -> list[Slot]:
+    def _draft_each_alone(self, asked: list[_Ask], fail: Fail) -> list[Slot]:
         chain = self.chain
         ok: list[Slot] = []
-        # what each slot asked for (the chain's reset clears its draft request)
-        lengths = [(s, chain.dparams[s.seq_id]) for s in requested]
-        lengths = [(s, dp.n_max, dp.n_min, dp.p_min) for s, dp in lengths]
-        for s, *_ in lengths:
+        for s, *_ in asked:
             chain.reset(s.seq_id)
-        for s, n_max, n_min, p_min in lengths:
+        for s, n_max, n_min, p_min in asked:
             chain.request_draft(s.seq_id, n_max, s.n_past, s.sampled, s.tokens, n_min, p_min)
             try:
                 if not self.rollback_dft.recover(s.seq_id, s.n_past, s.spec_ckpt):  # drop the failed batch's rows
@@ -120,8 +120,8 @@ class DraftPhase:
     def _after_draft(self, s: Slot) -> None:
         """§7.3 post-draft checkpointing: take the draft, roll the draft context back to the committed
         tokens, checkpoint the target when this draft's rollback will need it."""
-        dp = self.chain.dparams[s.seq_id]
-        draft = list(dp.result)
+        result, probs = self.chain.result(s.seq_id)
+        draft = list(result)
         n_vocab = self.vocab.n_tokens
         bad = next((i for i, t in enumerate(draft) if not 0 <= t < n_vocab), None)
         if bad is not None:  # a token the target cannot decode ends the draft
@@ -129,7 +129,7 @@ class DraftPhase:
                         s.id, draft[bad], bad)
             del draft[bad:]
         s.spec_draft = draft
-        s.spec_probs = dp.probs[: len(draft)] if dp.probs is not None else None
+        s.spec_probs = probs[: len(draft)] if probs is not None else None
         s.stats.n_drafted += len(s.spec_draft)
         self.rollback_dft.after_draft(s.seq_id, s.spec_ckpt)
         t0 = time.perf_counter()

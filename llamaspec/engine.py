@@ -43,6 +43,7 @@ from .request import Request, RequestState, check_prompt
 from .round import Round, RoundOutcome
 from .sampler import TargetSampler
 from .scheduler import Scheduler
+from .slot_state import SlotStore
 from .stepper import Stepper, native_use
 from .slot import Chunk, FinishReason, GenerationResult, GenerationStats, Slot, SlotState
 
@@ -156,6 +157,10 @@ class Engine:
                            spec.replay_accept_corrected, self.referee)
         self.round.shift.enable(context_shift)
         self._stepper = Stepper(self._step, self.scheduler.has_work, lambda: self._closed)
+        #: save / restore / erase a slot's prompt cache between two steps (llamaspec.slot_state)
+        self.slot_store = SlotStore(self.scheduler, self.rollback_tgt, self._stepper, n_vocab=self.vocab.n_tokens,
+                                    n_ctx_seq=self.n_ctx_seq, has_draft=self.ctx_dft is not None,
+                                    closed=lambda: self._closed)
         self._id_lock, self._next_id = threading.Lock(), 0
 
     # ------------------------------------------------------------------------------------------
@@ -328,12 +333,10 @@ class Engine:
                     req.state = RequestState.GENERATING
                 req.deliver(ch)
                 if ch.finished:
-                    sched.record(slot.stats)
-                    req.finish(slot.finish_reason or FinishReason.STOP, slot.error)
+                    sched.finish(req, slot.finish_reason or FinishReason.STOP, slot.error, stats=slot.stats)
             except Exception as e:  # noqa: BLE001 - this request ends with the error; the engine goes on
                 log.error("slot %d: delivering to request %d failed: %s", slot.id, req.id, e)
-                if not req.done:
-                    req.finish(FinishReason.ERROR, str(e) or type(e).__name__)
+                sched.finish(req, FinishReason.ERROR, str(e) or type(e).__name__)
 
     def _confined(self, slot: Slot, fn, *args) -> None:
         """``fn(*args)`` for one slot; if it raises (an RPC server gone), the slot keeps no half-freed cache."""
@@ -349,7 +352,7 @@ class Engine:
             self.scheduler.release(s)
             req = self.scheduler.serving.get(s.id)
             if req is not None:
-                req.finish(FinishReason.ABORT)
+                self.scheduler.finish(req, FinishReason.ABORT)
 
     # ------------------------------------------------------------------------------------------
     # driving (llamaspec.stepper): the Driver of every request, and the engine thread

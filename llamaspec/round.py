@@ -381,12 +381,16 @@ class Round:
 
     def _redecode_draft(self, s: Slot, pos0: int | None, end: int) -> None:
         """A FULL draft memory went back to its checkpoint at ``pos0``: the committed tokens up to ``end``
-        are decoded into it again, by the drafter that owns it (a trimmed vocabulary maps the ids)."""
+        are decoded into it again, by the drafter that owns it (in its own ids: a trimmed vocabulary maps
+        them). Where no drafter does (drafters given by the caller, a head or MTP context), the slot fails
+        with :class:`MemoryOpError`: target ids are never decoded into a context whose vocabulary or inputs
+        are not the target's."""
         if pos0 is None:
             return
         redo = s.tokens[pos0:end]
         if redo and not (self.chain is not None and self.chain.redecode(s.seq_id, redo, pos0)):
-            self.rollback_dft.ctx.decode_tokens(redo, pos0, s.seq_id, output_last=True)
+            raise MemoryOpError(f"slot {s.id}: the draft context cannot drop the rejected draft rows (a FULL "
+                                f"memory) and no drafter decodes the {len(redo)} committed tokens into it again")
 
     def _count_accepted(self, s: Slot, n_accepted: int, is_replay: bool) -> int:
         """Statistics of one verified draft; returns how many emitted tokens came from a draft."""
@@ -400,6 +404,5 @@ class Round:
             s.stats.n_replays += 1
         if chain is not None and self.replay_accept_corrected:
             chain.accept(s.seq_id, n_accepted)
-        impl = chain.impl_last[s.seq_id] if chain is not None else None
-        s.stats.count_verified(n_accepted, impl.type if impl is not None else None)
+        s.stats.count_verified(n_accepted, chain.drafted_by(s.seq_id) if chain is not None else None)
         return n_accepted

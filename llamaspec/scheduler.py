@@ -15,6 +15,7 @@ composes it and calls it at fixed points of a step, under the engine lock:
   from its whole cached sequence (the new prompt extends it: multi-turn chat), otherwise it starts afresh.
 - ``cancel()`` (any thread) is applied at the start of the next step (``apply_cancels``).
 - ``retire()`` / ``release()``: what happens to a slot whose request finished or failed.
+- ``finish()``: the one place a request ends, whatever ended it.
 """
 from __future__ import annotations
 
@@ -135,8 +136,7 @@ class Scheduler:
             if req.cancelled:
                 with self._queue_lock:
                     self._queued.remove(req)
-                req.close_sampler()
-                req.finish(FinishReason.ABORT)
+                self.finish(req, FinishReason.ABORT)
                 continue
             if n_free == 0:  # every slot is busy: only cancels can be acted on
                 continue
@@ -154,13 +154,10 @@ class Scheduler:
     def _start_failed(self, slot: Slot, req: Request, exc: Exception) -> None:
         msg = str(exc) or type(exc).__name__
         log.error("slot %d: request %d could not start: %s", slot.id, req.id, msg)
-        if self.chain is not None:
-            self.chain.reset(slot.seq_id)
         slot.state, slot.finish_reason, slot.error = SlotState.DONE, FinishReason.ERROR, msg
-        self.release(slot)
+        self.forget(slot)
         self.serving.pop(slot.id, None)
-        req.close_sampler()
-        req.finish(FinishReason.ERROR, f"the request could not start: {msg}")
+        self.finish(req, FinishReason.ERROR, f"the request could not start: {msg}")
 
     def _start(self, slot: Slot, req: Request) -> None:
         n_cached = self._reuse_cache(slot, req) if (self.cache_prompt and req.options.cache_prompt) else 0
@@ -259,8 +256,7 @@ class Scheduler:
         for req in cancels:  # one by one: a cancel that fails drops none of the others
             try:
                 if req in queued:
-                    req.close_sampler()
-                    req.finish(FinishReason.ABORT)
+                    self.finish(req, FinishReason.ABORT)
                 else:
                     self._cancel_running(req)
             except Exception as e:  # noqa: BLE001 - this request ends anyway; the engine goes on
@@ -272,11 +268,8 @@ class Scheduler:
             return
         slot.finish_reason = FinishReason.ABORT
         slot.state = SlotState.DONE
-        if self.chain is not None:
-            self.chain.reset(slot.seq_id)
-        self.release(slot)
-        self.record(slot.stats)
-        req.finish(FinishReason.ABORT)
+        self.forget(slot)
+        self.finish(req, FinishReason.ABORT, stats=slot.stats)
 
     def _cancel_failed(self, req: Request, exc: Exception) -> None:
         """Cancelling ``req`` raised (freeing its memory: an RPC server gone): it ends all the same, and its
@@ -288,10 +281,18 @@ class Scheduler:
             slot.tokens, slot.cached, slot.prompt_ckpt = [], [], None
             with contextlib.suppress(Exception):
                 self._drop_sampler(slot)
+        self.finish(req, FinishReason.ABORT)
+
+    def finish(self, req: Request, reason: FinishReason, error: str | None = None,
+               stats: GenerationStats | None = None) -> None:
+        """End ``req`` (every way a request ends goes through here, once): ``stats``, its slot's, count in the
+        totals; the sampler it never handed to a slot is freed."""
+        if stats is not None:
+            self.record(stats)
+        with contextlib.suppress(Exception):  # (freeing a sampler never keeps a request from ending)
+            req.close_sampler()
         if not req.done:
-            with contextlib.suppress(Exception):
-                req.close_sampler()
-            req.finish(FinishReason.ABORT)
+            req.finish(reason, error)
 
     def release(self, slot: Slot) -> None:
         """Forget the slot's sequence in both contexts (and its cache)."""
@@ -302,6 +303,12 @@ class Scheduler:
         slot.prompt_ckpt = None
         slot.draft_behind = False
         self._drop_sampler(slot)
+
+    def forget(self, slot: Slot) -> None:
+        """:meth:`release`, and the drafters forget the sequence."""
+        if self.chain is not None:
+            self.chain.reset(slot.seq_id)
+        self.release(slot)
 
     def retire(self, slot: Slot) -> None:
         """A request finished normally: keep its tokens as the slot's prompt cache, or release them."""
@@ -317,14 +324,13 @@ class Scheduler:
         """The engine closes: every queued or running request finishes with ``abort``."""
         for s in self.slots:
             req = self.serving.get(s.id)
-            if req is not None and not req.done:
-                req.finish(FinishReason.ABORT)
+            if req is not None:
+                self.finish(req, FinishReason.ABORT)
             self._drop_sampler(s)
         with self._queue_lock:
             queued, self._queued = list(self._queued), deque()
         for req in queued:
-            req.finish(FinishReason.ABORT)
-            req.close_sampler()
+            self.finish(req, FinishReason.ABORT)
 
     def _drop_sampler(self, slot: Slot) -> None:
         slot.spec_ckpt.drop_sampler()

@@ -212,6 +212,7 @@ class Slot:
         #: the target memory holds ``cached`` but the draft memory nothing (a restored slot: llamaspec.slot_state)
         self.draft_behind = False
         self.t_last = 0.0
+        self.spec_ckpt = Checkpoint()
         self.reset()
 
     def reset(self) -> None:
@@ -244,8 +245,7 @@ class Slot:
         self.spec_draft: list[int] = []
         self.spec_probs: list[np.ndarray] | None = None
         self.spec_i_batch: list[int] = []
-        if getattr(self, "spec_ckpt", None) is not None:
-            self.spec_ckpt.drop_sampler()
+        self.spec_ckpt.drop_sampler()
         self.spec_ckpt = Checkpoint()
         self.spec_is_replay = False
         #: the request's verification rule (chosen once at submit; see llamaspec.verify.verifiers)

@@ -198,20 +198,20 @@ def test_engine_export_import(tiny_model, tmp_path, kind):
     prefix cannot be trimmed back, as in llama-server), so their next prompt extends the saved tokens."""
     with Engine(tiny_model(kind), n_ctx=512, n_parallel=2, cache_prompt=True) as eng:
         first = eng.generate(PROMPT, n_predict=N, id_slot=1)
-        saved = slot_state.export_slot(eng, 1)
+        saved = eng.slot_store.save(1)
         assert list(saved.tokens) == PROMPT + first.tokens[:-1]
-        n, n_bytes = slot_state.save_slot_file(eng, 1, tmp_path / "s.bin")
+        n, n_bytes = eng.slot_store.save_file(1, tmp_path / "s.bin")
         assert n == len(saved.tokens) and n_bytes == (tmp_path / "s.bin").stat().st_size
         eng.generate(OTHER, n_predict=4, id_slot=0)
         nxt = PROMPT if kind == "llama" else PROMPT + first.tokens
         ref = eng.generate(nxt, n_predict=N, id_slot=1)  # slot 1 still holds the saved cache: the reference
-        for restore in (lambda: slot_state.import_slot(eng, 0, saved),
-                        lambda: slot_state.restore_slot_file(eng, 0, tmp_path / "s.bin")):
+        for restore in (lambda: eng.slot_store.restore(0, saved),
+                        lambda: eng.slot_store.restore_file(0, tmp_path / "s.bin")):
             eng.generate(OTHER, n_predict=4, id_slot=0)
             restore()
             got = eng.generate(nxt, n_predict=N, id_slot=0)
             assert got.tokens == ref.tokens and got.stats.n_cached == ref.stats.n_cached > 0
-        assert slot_state.erase_slot(eng, 0) == len(nxt) + N - 1
+        assert eng.slot_store.erase(0) == len(nxt) + N - 1
         assert eng.generate(nxt, n_predict=N, id_slot=0).stats.n_cached == 0
 
 
@@ -227,9 +227,9 @@ def test_restored_slot_with_a_draft_model(tiny_model, reuse_kv):
     with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec, n_ctx=512, n_parallel=2,
                 cache_prompt=True) as eng:
         first = eng.generate(PROMPT, n_predict=N, id_slot=1)
-        saved = slot_state.export_slot(eng, 1)
+        saved = eng.slot_store.save(1)
         eng.generate(OTHER, n_predict=4, id_slot=0)
-        slot_state.import_slot(eng, 0, saved)
+        eng.slot_store.restore(0, saved)
         got = eng.generate(PROMPT, n_predict=N, id_slot=0)
         assert got.tokens == first.tokens and got.stats.n_cached == len(PROMPT) - 1
         assert got.stats.n_drafted > 0 and got.stats.n_accepted == first.stats.n_accepted
@@ -238,11 +238,11 @@ def test_restored_slot_with_a_draft_model(tiny_model, reuse_kv):
 def test_engine_import_refuses_bad_tokens(tiny_model):
     with Engine(tiny_model("llama"), n_ctx=256, cache_prompt=True) as eng:
         eng.generate(PROMPT, n_predict=4)
-        saved = slot_state.export_slot(eng, 0)
+        saved = eng.slot_store.save(0)
         with pytest.raises(SlotFileError, match="Invalid tokens"):
-            slot_state.import_slot(eng, 0, slot_state.SavedSlot((*saved.tokens[:-1], 9999), saved.state))
+            eng.slot_store.restore(0, slot_state.SavedSlot((*saved.tokens[:-1], 9999), saved.state))
         with pytest.raises(SlotFileError, match="positions"):
-            slot_state.import_slot(eng, 0, slot_state.SavedSlot(saved.tokens[:-1], saved.state))
+            eng.slot_store.restore(0, slot_state.SavedSlot(saved.tokens[:-1], saved.state))
         assert eng.generate(PROMPT, n_predict=4).stats.n_cached == 0  # left empty, usable
 
 

@@ -168,6 +168,30 @@ class Scripted(Drafter):
         dp.result.extend(good + bad)
 
 
+def test_a_full_draft_context_no_drafter_owns_is_never_fed_target_ids(tiny_model, plain):
+    """Review 2.6: a FULL draft memory cannot drop rejected rows; it is reloaded and the committed tokens must
+    be decoded into it again by the drafter that owns it. Where none does (the caller's drafters beside a
+    recurrent draft model), the request fails with one clear line, instead of target ids going into a
+    context whose vocabulary or inputs may be another's."""
+    class Mirroring(Scripted):  # keeps the draft context in step with the target, in the target's ids
+        ctx = None
+
+        def process(self, rows):
+            self.ctx.decode([L.Row(r.token, r.pos, r.seq_id, i == len(rows) - 1) for i, r in enumerate(rows)])
+            return True
+
+    d = Mirroring(plain("llama"), len(PROMPTS[0]), [(1, 2)], 64)
+    calls = []
+    with Engine(tiny_model("llama"), draft=tiny_model("mamba-draft"), drafters=[d], n_ctx=256, **EXACT) as e:
+        assert e.dft_level.name == "FULL" and e.tgt_level.name == "PART"
+        d.ctx = e.ctx_dft
+        real = e.ctx_dft.decode_tokens
+        e.ctx_dft.decode_tokens = lambda *a, **k: (calls.append(a), real(*a, **k))[1]
+        r = e.submit(PROMPTS[0], RequestOptions(n_predict=N)).result()
+    assert r.finish_reason == "error" and "no drafter decodes the 2 committed tokens" in r.error, r.error
+    assert not calls
+
+
 @pytest.mark.parametrize("kind,corrected", [("llama", False), ("mamba", False), ("mamba", True)])
 def test_statistics_equal_hand_count(tiny_model, plain, kind, corrected):
     truth = plain(kind)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..slot_state import SavedSlot, export_slots, import_slots
+from ..slot_state import SavedSlot
 from .args import CompatError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,7 +40,7 @@ class LlamaState:
 
 
 def save_state(engine: "Engine", seed: int, n_vocab: int) -> LlamaState:
-    slots = tuple(export_slots(engine))
+    slots = tuple(engine.slot_store.save_all())
     main = max(slots, key=lambda s: (bool(s.tokens), s.t_last))
     return LlamaState(input_ids=np.array(main.tokens, dtype=np.intc), scores=np.zeros((0, n_vocab), np.single),
                       n_tokens=len(main.tokens), llama_state=main.state, llama_state_size=len(main.state), seed=seed,
@@ -55,5 +55,5 @@ def load_state(engine: "Engine", state: Any) -> int:
                           "holds a whole llama_cpp context, which llamaspec cannot load)")
     if len(slots) != engine.n_parallel:
         raise CompatError(f"this state holds {len(slots)} slots; this Llama has n_parallel={engine.n_parallel}")
-    import_slots(engine, slots)
+    engine.slot_store.restore_all(slots)
     return int(state.seed)

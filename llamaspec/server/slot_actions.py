@@ -14,8 +14,8 @@ A busy slot is waited for (llama-server defers the task), up to :data:`SLOT_WAIT
 the other routes share, so actions on a busy slot stall no ``/tokenize`` or generation. The file name follows llama-server's rule (no path
 separators, no ``..``: ``llamaspec.slot_file.valid_filename``), else 400 ``Invalid filename``; without
 ``--slot-save-path`` every action is a 501, as in llama-server. The engine side is
-:mod:`llamaspec.slot_state` (the draft context is cleared and catches up on the next request). Differs on
-purpose: a body without ``filename`` is a 400 (llama-server: 500).
+``Engine.slot_store`` (:mod:`llamaspec.slot_state`: the draft context is cleared and catches up on the next
+request). Differs on purpose: a body without ``filename`` is a 400 (llama-server: 500).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse
 
 from ..errors import LlamaSpecError
 from ..slot_file import SlotFileError, valid_filename
-from ..slot_state import SlotBusyError, erase_slot, restore_slot_file, save_slot_file
+from ..slot_state import SlotBusyError
 from .errors import ApiError, api_error, invalid, not_supported
 from .routes import _body, _state
 
@@ -75,7 +75,7 @@ async def slot_action(request: HttpRequest):
     if not 0 <= id_slot < eng.n_parallel:
         raise invalid("Invalid slot ID")
     if action == "erase":
-        n = await _in_slot_worker(lambda: erase_slot(eng, id_slot, timeout=SLOT_WAIT_S))
+        n = await _in_slot_worker(lambda: eng.slot_store.erase(id_slot, timeout=SLOT_WAIT_S))
         return JSONResponse({"id_slot": id_slot, "n_erased": n})
     b = await _body(request)
     filename = b.data.get("filename")
@@ -86,11 +86,8 @@ async def slot_action(request: HttpRequest):
     path = os.path.join(directory, filename)
     t0 = time.perf_counter()
     try:
-        if action == "save":
-            n_tokens, n_bytes = await _in_slot_worker(lambda: save_slot_file(eng, id_slot, path, timeout=SLOT_WAIT_S))
-        else:
-            n_tokens, n_bytes = await _in_slot_worker(lambda: restore_slot_file(eng, id_slot, path,
-                                                                                timeout=SLOT_WAIT_S))
+        act = eng.slot_store.save_file if action == "save" else eng.slot_store.restore_file
+        n_tokens, n_bytes = await _in_slot_worker(lambda: act(id_slot, path, timeout=SLOT_WAIT_S))
     except SlotFileError as e:
         raise invalid(f"Unable to restore slot: {str(e).replace(directory, '.')}") from e
     except OSError as e:  # its message would name the server's directory: the file's name only
