@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 from typing import Callable
 
-__all__ = ["DraftLengthController", "Explorer", "expected_tokens", "best_draft_length", "best_shared_length", "CostModel",
+__all__ = ["DraftLengthController", "Explorer", "expected_tokens", "best_draft_length", "CostModel",
            "default_verify_cost", "DRAFT_COST_PRIOR"]
 
 #: a draft step's cost relative to a one-row target decode before any was measured
@@ -100,32 +100,6 @@ def best_draft_length(rates: list[float], k_max: int, verify_cost: Callable[[int
     for k in range(1, k_max + 1):
         cost = verify_cost(k) + k * draft_cost + (overhead(k) if overhead is not None else 0.0)
         value = expected_tokens(rates, k) / max(cost, 1e-9)
-        if value > best * (1 + 1e-9):
-            best_k, best = k, value
-    return best_k
-
-
-def best_shared_length(rates: list[list[float]], caps: list[int], batch_cost: Callable[[int], float],
-                       step_cost: float, overhead: Callable[[int, int], float] | None = None) -> int:
-    """One draft length for the ``B`` slots that draft in the same round (vLLM's per-batch-size draft length):
-    slot ``i`` drafts ``min(k, caps[i])`` tokens, the round costs the decode of all their rows together,
-    ``batch_cost(rows)`` (relative to a one-row decode), plus ``k`` batched draft steps of ``step_cost``
-    each (plus ``overhead(i, k_i)``, slot ``i``'s checkpoint costs); the ``k`` with the most expected tokens
-    per unit cost wins. As the batch grows, a row costs more and the best ``k`` shrinks.
-
-    >>> cost = lambda rows: 1.0 + 0.08 * (rows - 1)        # each extra row costs 8% of a one-row decode
-    >>> [best_shared_length([[0.8] * 8] * b, [8] * b, cost, 0.1 * b) for b in (1, 2, 4, 8)]
-    [4, 3, 1, 0]
-    """
-    b = len(caps)
-    best_k, best = 0, b / max(batch_cost(b), 1e-9)
-    for k in range(1, max(caps, default=0) + 1):
-        ks = [min(k, c) for c in caps]
-        tokens = sum(expected_tokens(r, kk) for r, kk in zip(rates, ks))
-        cost = batch_cost(sum(ks) + b) + max(ks) * step_cost
-        if overhead is not None:
-            cost += sum(overhead(i, kk) for i, kk in enumerate(ks) if kk > 0)
-        value = tokens / max(cost, 1e-9)
         if value > best * (1 + 1e-9):
             best_k, best = k, value
     return best_k

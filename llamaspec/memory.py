@@ -102,20 +102,22 @@ class SeqMemory:
     def __init__(self, ctx: "llama.Context"):
         self.ctx = ctx
 
-    def pos_min(self, seq_id: int) -> int:
-        return self.ctx.memory.pos_min(seq_id)
-
     def pos_max(self, seq_id: int) -> int:
         return self.ctx.memory.pos_max(seq_id)
 
     def trim(self, seq_id: int, pos: int) -> bool:
         """Drop positions ``>= pos`` of ``seq_id``; returns whether anything was there to drop."""
-        memory = self.ctx.memory
-        had = memory.pos_max(seq_id) >= pos
-        if not memory.seq_rm(seq_id, pos, -1):
-            raise MemoryOpError(f"seq_rm(seq={seq_id}, p0={pos}) was refused by the draft context's memory; the "
-                                "drafter's own rows cannot be dropped (a bug: please report it)")
-        return had
+        return _trim(self.ctx.memory, seq_id, pos, "the draft context's memory; the drafter's own rows cannot be "
+                     "dropped (a bug: please report it)")
+
+
+def _trim(memory: "llama.Memory", seq_id: int, pos: int, refused_by: str) -> bool:
+    """``seq_rm(seq_id, pos, -1)``, checked (:class:`MemoryOpError` naming ``refused_by``); whether anything was
+    there to drop."""
+    had = memory.pos_max(seq_id) >= pos
+    if not memory.seq_rm(seq_id, pos, -1):
+        raise MemoryOpError(f"seq_rm(seq={seq_id}, p0={pos}) was refused by {refused_by}")
+    return had
 
 
 class Rollback:
@@ -228,14 +230,8 @@ class Rollback:
     # -- primitives -------------------------------------------------------------------------------
     def trim(self, seq_id: int, pos: int) -> bool:
         """Drop positions ``>= pos``; raises if the memory refuses. Returns whether anything was removed."""
-        memory = self.ctx.memory
-        had = memory.pos_max(seq_id) >= pos
-        if not memory.seq_rm(seq_id, pos, -1):
-            raise MemoryOpError(
-                f"seq_rm(seq={seq_id}, p0={pos}) was refused by a {self.level.name} memory; the rejected draft "
-                "tokens cannot be removed (this is a bug in the rollback strategy, please report it)"
-            )
-        return had
+        return _trim(self.ctx.memory, seq_id, pos, f"a {self.level.name} memory; the rejected draft tokens cannot be "
+                     "removed (this is a bug in the rollback strategy, please report it)")
 
     def release(self, seq_id: int) -> None:
         """Forget a sequence entirely (its request ended)."""

@@ -309,23 +309,7 @@ class SpecParams:
 
     def n_max_of_types(self) -> int:
         """``n_max`` of the parameter set, before any drafter exists (used for output limits, §3.1)."""
-        best = 0
-        for t in self.enabled():
-            if t in MODEL_TYPES:
-                v = max(0, self.draft.n_max)
-            elif t is SpecType.NGRAM_SIMPLE:
-                v = self.ngram_simple.size_m
-            elif t is SpecType.NGRAM_MAP_K:
-                v = self.ngram_map_k.size_m
-            elif t is SpecType.NGRAM_MAP_K4V:
-                v = self.ngram_map_k4v.size_m
-            elif t is SpecType.NGRAM_MOD:
-                v = max(0, self.ngram_mod.n_max)
-            elif t is SpecType.NGRAM_CACHE:
-                v = NGRAM_CACHE_N_DRAFT
-            elif t is SpecType.NGRAM_LOOKUP:
-                v = max(0, self.ngram_lookup.n_max)
-            else:  # pragma: no cover
-                v = 0
-            best = max(best, v)
-        return best
+        n_max = {SpecType.NGRAM_SIMPLE: self.ngram_simple.size_m, SpecType.NGRAM_MAP_K: self.ngram_map_k.size_m,
+                 SpecType.NGRAM_MAP_K4V: self.ngram_map_k4v.size_m, SpecType.NGRAM_MOD: self.ngram_mod.n_max,
+                 SpecType.NGRAM_CACHE: NGRAM_CACHE_N_DRAFT, SpecType.NGRAM_LOOKUP: self.ngram_lookup.n_max}
+        return max((max(0, self.draft.n_max if t in MODEL_TYPES else n_max[t]) for t in self.enabled()), default=0)

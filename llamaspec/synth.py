@@ -135,15 +135,6 @@ def parse_synth_rates(s: str) -> list[float]:
     return out
 
 
-def _geometric_sum(p: float, n: int) -> float:
-    """``p + p^2 + ... + p^n``."""
-    s, term = 0.0, 1.0
-    for _ in range(n):
-        term *= p
-        s += term
-    return s
-
-
 def _powers(p: float, n: int) -> list[float]:
     """``[p, p^2, ..., p^n]``."""
     out, term = [], 1.0
@@ -222,7 +213,7 @@ def resolve_synth_rates(synth_len: float | None, synth_rates: Sequence[float] | 
         target = L - 1.0
         for _ in range(_BISECT_ITERS):
             mid = 0.5 * (lo + hi)
-            if _geometric_sum(mid, n_max) < target:
+            if sum(_powers(mid, n_max)) < target:
                 lo = mid
             else:
                 hi = mid

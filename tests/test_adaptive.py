@@ -96,9 +96,10 @@ def test_cost_model_without_a_one_row_decode():
     assert m.draft_step_cost(4) == pytest.approx(0.3 * 1.4)
     m.add_draft(12, 30.0, n_seqs=4, n_steps=3)
     assert m.draft_step_cost(4) == pytest.approx(0.5) and m.draft_step_cost(1) == pytest.approx(0.5 / 1.4)
-    # 4 slots at acceptance 0.9: a shared length of 3 pays (before: step cost 4 x 0.3 and no drafting)
-    from llamaspec.adaptive import best_shared_length
-    assert best_shared_length([[0.9] * 3] * 4, [3] * 4, lambda rows: m.verify_cost(rows - 1), m.draft_step_cost(4)) == 3
+    # 4 slots at acceptance 0.9: drafts of 3 pay (before: step cost 4 x 0.3 and no drafting)
+    from llamaspec.policy import allocate_drafts
+    steps = [0.0] + [m.draft_step_cost(n) for n in range(1, 5)]
+    assert allocate_drafts([[0.9] * 3] * 4, [3] * 4, m.batch_costs(16), steps) == [3, 3, 3, 3]
 
 
 def _frozen_costs(cm: CostModel, checkpoint_decodes: float) -> None:

@@ -29,25 +29,22 @@ import numpy as np
 from .. import _llama as llama
 from .._llama import ext
 from ..errors import DecodeError, UsageError
-from ..memory import SeqMemory
 from ..params import DraftModelParams
-from .base import DraftParams, Drafter, drop_short, seq_spans, suppress_array
-from .draft_model import top_candidate
+from .base import DraftParams, drop_short, seq_spans
+from .draft_model import ModelDrafter, top_candidate
 from .eagle3 import check_head_target
 
 log = logging.getLogger("llamaspec")
 
 
-class DFlash(Drafter):
+class DFlash(ModelDrafter):
     type = "draft-dflash"
 
     def __init__(self, n_seq: int, params: DraftModelParams, ctx_tgt: llama.Context, ctx_dft: llama.Context,
                  *, dspark: bool = False):
-        super().__init__(n_seq)
         if dspark:
             self.type = "draft-dspark"
-        if params.n_max < 0:
-            raise UsageError(f"--spec-draft-n-max must be >= 0, got {params.n_max}")
+        super().__init__(n_seq, params, ctx_tgt, ctx_dft)
         m_tgt, m_dft = ctx_tgt.model, ctx_dft.model
         if m_dft.arch != "dflash":
             raise UsageError(f"{self.type} needs a DFlash head as draft (-md), {m_dft.path.name} is {m_dft.arch}")
@@ -56,11 +53,7 @@ class DFlash(Drafter):
         if not ids:
             raise UsageError(f"DFlash draft {m_dft.path.name} has no target layer ids (dflash.target_layers)")
         check_head_target("DFlash", m_tgt, m_dft, ids, nextn_for_last=False)
-        if ctx_dft.n_seq_max != n_seq:
-            raise UsageError(f"draft context has n_seq_max={ctx_dft.n_seq_max}, the chain needs {n_seq}")
         self.dspark = dspark
-        self.params = params
-        self.ctx_tgt, self.ctx_dft = ctx_tgt, ctx_dft
         self.ids = list(ids)
         self.n_embd_tgt = m_tgt.n_embd
         self.n_embd_dec = m_dft.n_embd
@@ -84,7 +77,6 @@ class DFlash(Drafter):
             if conf is not None and conf != "true":
                 raise UsageError("DSpark draft has no confidence head: please set --spec-draft-p-min 0")
         n_draft_max = self.block_size if (dspark and self.sample_from_anchor) else self.block_size - 1
-        self.n_max = params.n_max
         self.n_min = params.n_min
         if self.n_max > n_draft_max:
             log.warning("%s: n_max %d clamped to %d (block size %d)", self.type, self.n_max, n_draft_max, self.block_size)
@@ -100,15 +92,10 @@ class DFlash(Drafter):
             ext.set_embeddings_layer_inp(ctx_tgt, lid, True)
         ext.set_embeddings_nextn(ctx_dft, True, masked=not self.is_dflash2)
         ext.set_causal_attn(ctx_dft, self.causal_attn)
-        self._suppress = suppress_array(m_dft.vocab.suppress_tokens)
-        self.mem = SeqMemory(ctx_dft)  # read only (begin's check); the draft rollback trims
 
     # -- protocol -------------------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
-        pm = self.mem.pos_max(seq_id)
-        if pm < len(prompt) - 1:
-            log.warning("%s: the draft context of seq %d holds positions up to %d, the prompt has %d tokens "
-                        "(was every target batch passed to process?)", self.type, seq_id, pm, len(prompt))
+        self._check_begin(seq_id, prompt)  # (read only: the draft rollback trims)
 
     def process(self, rows: Sequence[llama.Row]) -> bool:
         if not rows:

@@ -115,15 +115,44 @@ def _seq_groups(rows: Sequence[llama.Row]) -> Iterator[tuple[int, Sequence[llama
         i = j
 
 
-class DraftSimple(Drafter):
-    type = "draft-simple"
+class ModelDrafter(Drafter):
+    """What the drafters on a draft context share (draft-simple, EAGLE-3, MTP, DFlash / DSpark): the checks of
+    ``params`` and of the context, the context's checked memory (``mem``: the only way to its memory), the
+    tokens never proposed (``_suppress``: the vocabulary's suppress list, llama.cpp's -inf logit bias), the
+    prompt check of ``begin`` and ``n_min`` after a draft."""
+
+    #: what the draft context is called in messages
+    ctx_name = "draft context"
 
     def __init__(self, n_seq: int, params: DraftModelParams, ctx_tgt: llama.Context, ctx_dft: llama.Context):
         super().__init__(n_seq)
         if params.n_max < 0:
             raise UsageError(f"--spec-draft-n-max must be >= 0, got {params.n_max}")
         if ctx_dft.n_seq_max != n_seq:
-            raise UsageError(f"draft context has n_seq_max={ctx_dft.n_seq_max}, the chain needs {n_seq}")
+            raise UsageError(f"{self.ctx_name} has n_seq_max={ctx_dft.n_seq_max}, the chain needs {n_seq}")
+        self.params, self.ctx_tgt, self.ctx_dft, self.n_max = params, ctx_tgt, ctx_dft, params.n_max
+        self.mem = SeqMemory(ctx_dft)
+        self._suppress = suppress_array(ctx_dft.model.vocab.suppress_tokens)
+
+    def _check_begin(self, seq_id: int, prompt: Sequence[int], lag: int = 1) -> None:
+        """At ``begin``: the draft context must hold the prompt but its last ``lag`` tokens (else a warning:
+        the drafts degrade)."""
+        pm = self.mem.pos_max(seq_id)
+        if pm < len(prompt) - lag:
+            log.warning("%s: the %s of seq %d holds positions up to %d, the prompt has %d tokens (was every target "
+                        "batch passed to process?)", self.type, self.ctx_name, seq_id, pm, len(prompt))
+
+    def _drop_short(self, params: Sequence[DraftParams], seqs: Sequence[int], n_min: int | None = None) -> None:
+        """``n_min`` (the request's, else ``n_min``, else the drafter's own) over the drafts of ``seqs``."""
+        for s in seqs:
+            drop_short(params[s], params[s].n_min_or(self.params.n_min if n_min is None else n_min))
+
+
+class DraftSimple(ModelDrafter):
+    type = "draft-simple"
+
+    def __init__(self, n_seq: int, params: DraftModelParams, ctx_tgt: llama.Context, ctx_dft: llama.Context):
+        super().__init__(n_seq, params, ctx_tgt, ctx_dft)
         #: a trimmed draft (llamaspec.models.trim): draft id -> target id, and target id -> draft id (tokens the
         #: draft does not have enter it as its unknown token; it never proposes them)
         self._to_tgt, self._to_dft, self._unk = _id_maps(ctx_tgt.model, ctx_dft.model)
@@ -137,12 +166,6 @@ class DraftSimple(Drafter):
                 incompatibility_message(rules)
                 + f" (target {ctx_tgt.model.path.name}, draft {ctx_dft.model.path.name}); pick a draft model of the same family"
             )
-        self.params = params
-        self.ctx_tgt = ctx_tgt
-        self.ctx_dft = ctx_dft
-        #: the draft context's memory, for what ``reuse_kv`` left there (checked trims)
-        self.mem = SeqMemory(ctx_dft)
-        self.n_max = params.n_max
         self._sample: list[_SampleCfg | None] = [None] * n_seq
         #: with ``reuse_kv``: per seq, (pos0, tokens decoded in the draft context by the last draft())
         self.reuse_kv = bool(params.reuse_kv)
@@ -363,5 +386,4 @@ class DraftSimple(Drafter):
             active = next_active
             i += 1
         self.last_step_ms = (time.perf_counter() - t0) * 1e3 / n_steps
-        for s in requested:
-            drop_short(params[s], params[s].n_min_or(self.params.n_min))
+        self._drop_short(params, requested)

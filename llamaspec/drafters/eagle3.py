@@ -39,10 +39,9 @@ import numpy as np
 from .. import _llama as llama
 from .._llama import ext
 from ..errors import DecodeError, LlamaSpecError, UsageError
-from ..memory import SeqMemory
 from ..params import DraftModelParams
-from .base import DraftParams, Drafter, drop_short, seq_spans, suppress_array
-from .draft_model import top_candidate
+from .base import DraftParams, seq_spans
+from .draft_model import ModelDrafter, top_candidate
 
 log = logging.getLogger("llamaspec")
 
@@ -149,13 +148,11 @@ def nextn_warning(model_tgt: "llama.Model", model_dft: "llama.Model", ids: Seque
             "target's unwritten output buffer (zeros or stale outputs, as in llama.cpp), acceptance will be low")
 
 
-class Eagle3(Drafter):
+class Eagle3(ModelDrafter):
     type = "draft-eagle3"
 
     def __init__(self, n_seq: int, params: DraftModelParams, ctx_tgt: llama.Context, ctx_dft: llama.Context):
-        super().__init__(n_seq)
-        if params.n_max < 0:
-            raise UsageError(f"--spec-draft-n-max must be >= 0, got {params.n_max}")
+        super().__init__(n_seq, params, ctx_tgt, ctx_dft)
         m_tgt, m_dft = ctx_tgt.model, ctx_dft.model
         if m_dft.arch != "eagle3":
             raise UsageError(f"draft-eagle3 needs an EAGLE-3 head as draft (-md), {m_dft.path.name} is {m_dft.arch}")
@@ -171,15 +168,10 @@ class Eagle3(Drafter):
         if hidden is not None and int(hidden) != m_tgt.n_embd:
             raise UsageError(f"EAGLE-3 draft {m_dft.path.name} was made for a target with n_embd={hidden}, "
                              f"{m_tgt.path.name} has {m_tgt.n_embd}: use the head made for this target")
-        if ctx_dft.n_seq_max != n_seq:
-            raise UsageError(f"draft context has n_seq_max={ctx_dft.n_seq_max}, the chain needs {n_seq}")
-        self.params = params
-        self.ctx_tgt, self.ctx_dft = ctx_tgt, ctx_dft
         self.ids = list(ids)
         self.n_layer_tgt = m_tgt.n_layer
         self.n_embd_tgt = m_tgt.n_embd
         self.n_embd_dec = m_dft.n_embd
-        self.n_max = params.n_max
         for lid in self.ids:
             if lid < self.n_layer_tgt:
                 ext.set_embeddings_layer_inp(ctx_tgt, lid, True)
@@ -193,10 +185,6 @@ class Eagle3(Drafter):
         self.verify_g: list[np.ndarray | None] = [None] * n_seq
         self.verify_pos_first = [-1] * n_seq
         self.verify_rows = [0] * n_seq
-        self._suppress = suppress_array(m_dft.vocab.suppress_tokens)
-        #: the draft context's memory: each draft starts by trimming it back to ``pending_pos`` (a KV cache
-        #: always can: a refusal is a bug and raises MemoryOpError)
-        self.mem = SeqMemory(ctx_dft)
 
     # -- features -------------------------------------------------------------------------------
     def _features(self, n: int) -> np.ndarray:
@@ -229,10 +217,7 @@ class Eagle3(Drafter):
 
     # -- protocol -------------------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
-        pm = self.mem.pos_max(seq_id)
-        if pm < len(prompt) - 2:
-            log.warning("draft-eagle3: the draft context of seq %d holds positions up to %d, the prompt has %d tokens "
-                        "(was every target batch passed to process?)", seq_id, pm, len(prompt))
+        self._check_begin(seq_id, prompt, lag=2)  # (the last row is deferred)
 
     def reset(self, seq_id: int) -> None:
         self.pending_pos[seq_id] = -1
@@ -312,8 +297,7 @@ class Eagle3(Drafter):
                 break
             active = next_active
             i += 1
-        for s in requested:
-            drop_short(params[s], params[s].n_min_or(self.params.n_min))
+        self._drop_short(params, requested)
 
     def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
         rows = self.verify_rows[seq_id]

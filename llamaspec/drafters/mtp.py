@@ -32,10 +32,9 @@ import numpy as np
 from .. import _llama as llama
 from .._llama import ext
 from ..errors import DecodeError, LlamaSpecError, UsageError
-from ..memory import SeqMemory
 from ..params import DraftModelParams
-from .base import DraftParams, Drafter, drop_short, suppress_array
-from .draft_model import top_candidate
+from .base import DraftParams
+from .draft_model import ModelDrafter, top_candidate
 
 log = logging.getLogger("llamaspec")
 
@@ -112,18 +111,20 @@ def gguf_is_mtp_draft(path) -> bool:
     return isinstance(n, int) and n > 0 and f"blk.{n - 1}.nextn.eh_proj.weight" in names
 
 
-class DraftMTP(Drafter):
+class DraftMTP(ModelDrafter):
+    """The MTP context's memory (``mem``): chained heads re-decode a sequence's rows under each head after
+    trimming it (a KV cache always can: a refusal is a bug and raises MemoryOpError). A memory shared with the
+    target (gemma4-assistant) is never trimmed here: its draft steps all sit at ``pos0``, and the draft
+    rollback's trims of it are no-ops that succeed (§6.2)."""
+
     type = "draft-mtp"
+    ctx_name = "MTP context"
 
     def __init__(self, n_seq: int, params: DraftModelParams, ctx_tgt: llama.Context, ctx_dft: llama.Context):
-        super().__init__(n_seq)
-        if params.n_max < 0:
-            raise UsageError(f"--spec-draft-n-max must be >= 0, got {params.n_max}")
+        super().__init__(n_seq, params, ctx_tgt, ctx_dft)
         ext.require("draft-mtp")
         if ctx_dft.params.ctx_type != llama.CONTEXT_TYPE_MTP:
             raise UsageError("draft-mtp needs an MTP context (ctx_type=CONTEXT_TYPE_MTP) as its draft context")
-        if ctx_dft.n_seq_max != n_seq:
-            raise UsageError(f"MTP context has n_seq_max={ctx_dft.n_seq_max}, the chain needs {n_seq}")
         self.n_embd = int(ctx_dft.model.n_embd_out)
         if self.n_embd != int(ctx_tgt.model.n_embd_out):
             raise UsageError(
@@ -133,39 +134,23 @@ class DraftMTP(Drafter):
         if ctx_tgt.n_batch > ctx_dft.n_batch:
             raise UsageError(f"draft-mtp: the MTP context's batch ({ctx_dft.n_batch}) is smaller than the target's "
                              f"({ctx_tgt.n_batch})")
-        self.params = params
-        self.ctx_tgt = ctx_tgt
-        self.ctx_dft = ctx_dft
         self.n_mtp_layers = max(1, int(ctx_dft.model.n_layer_nextn))
         ext.set_embeddings_nextn(ctx_tgt, True, False)
         ext.set_embeddings_nextn(ctx_dft, True, True)
         self.is_mem_shared = ext.ctx_other_is(ctx_dft, ctx_tgt)
         self.chain_heads = self.n_mtp_layers > 1 and not self.is_mem_shared
-        n_max = params.n_max
         if self.chain_heads:
-            n_max = min(n_max, self.n_mtp_layers)
-        self.n_max = n_max
+            self.n_max = min(self.n_max, self.n_mtp_layers)
         z = np.zeros(self.n_embd, dtype=np.float32)
         self.pending_h = [z.copy() for _ in range(n_seq)]
         self.verify_h: list[np.ndarray | None] = [None] * n_seq
         self.verify_rows = [0] * n_seq
         self.i_last = [-1] * n_seq
-        self._suppress = suppress_array(ctx_dft.model.vocab.suppress_tokens)
-        #: the MTP context's memory. Chained heads re-decode a sequence's rows under each head after trimming
-        #: it (a KV cache always can: a refusal is a bug and raises MemoryOpError). A memory shared with the
-        #: target (gemma4-assistant) is never trimmed here: its draft steps all sit at ``pos0``, and the
-        #: draft rollback's trims of it are no-ops that succeed (§6.2)
-        self.mem = SeqMemory(ctx_dft)
 
     # -- protocol ---------------------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: Sequence[int]) -> None:
-        n = len(prompt)
-        if n <= 0 or self.is_mem_shared:
-            return
-        pos_max = self.mem.pos_max(seq_id)
-        if pos_max < n - 1:
-            log.warning("draft-mtp: MTP context pos_max=%d < %d for seq %d: process() did not see every prompt "
-                        "batch; drafts may degrade", pos_max, n - 1, seq_id)
+        if not self.is_mem_shared:
+            self._check_begin(seq_id, prompt)
 
     def _set_offset(self, off: int) -> None:
         ext.set_nextn_layer_offset(self.ctx_dft, off)
@@ -285,8 +270,7 @@ class DraftMTP(Drafter):
         finally:
             if self.chain_heads:
                 self._set_offset(0)
-        for s in requested:
-            drop_short(params[s], params[s].n_min_or(self.params.n_min))
+        self._drop_short(params, requested)
 
     def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
         if not 0 <= seq_id < self.n_seq:

@@ -10,6 +10,7 @@ itself, and a dequantized tensor is large (gemma3-270m's F32 token embedding: 26
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import struct
@@ -17,8 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..errors import FetchError
-from .cache import CHUNK, HashingWriter, ProgressFn, cache_output
-from .gguf_io import T_ARRAY, T_STRING, T_UINT32, KV, Layout, TensorInfo, check_written, open_gguf, write_header
+from .cache import CHUNK, HashingWriter, ProgressFn
+from .gguf_io import T_ARRAY, T_STRING, KV, Layout, NewTensor, TensorInfo, kv_u32, open_gguf, string, write_gguf
 from .registry import DeriveSpec
 
 #: bump when the bytes a derivation writes change, so old cached derived files are redone
@@ -30,23 +31,10 @@ _F32, _F16 = 0, 1
 _KEEP_AS_IS = {_F32, 24, 25, 26, 27, 28}  # F32, I8, I16, I32, I64, F64
 
 
-def _string(s: str) -> bytes:
-    b = s.encode("utf-8")
-    return struct.pack("<Q", len(b)) + b
-
-
-def _kv_u32(key: str, value: int) -> bytes:
-    return _string(key) + struct.pack("<II", T_UINT32, value)
-
-
 def _kv_array(kv: KV, buf: Any, n: int) -> bytes:
     """The scalar array ``kv`` cut to its first ``n`` items (their bytes as in the file)."""
     item = (kv.end - kv.items) // kv.count
-    return _string(kv.key) + struct.pack("<IIQ", T_ARRAY, kv.subtype, n) + bytes(buf[kv.items:kv.items + n * item])
-
-
-def _tensor_info(t: TensorInfo, ggml_type: int, offset: int) -> bytes:
-    return _string(t.name) + struct.pack(f"<I{len(t.ne)}QIQ", len(t.ne), *t.ne, ggml_type, offset)
+    return string(kv.key) + struct.pack("<IIQ", T_ARRAY, kv.subtype, n) + bytes(buf[kv.items:kv.items + n * item])
 
 
 def _plan_truncate(lay: Layout, buf: Any, srcp: Path, arch: str, n_layer: int) -> tuple[list[TensorInfo], dict[str, bytes]]:
@@ -61,7 +49,7 @@ def _plan_truncate(lay: Layout, buf: Any, srcp: Path, arch: str, n_layer: int) -
         raise FetchError(f"cannot truncate {srcp}: it has {nextn} next-token-prediction (MTP) layers at the end")
     blk = re.compile(r"^blk\.(\d+)\.")
     keep = [t for t in lay.tensors if not (m := blk.match(t.name)) or int(m.group(1)) < n_layer]
-    replace = {f"{arch}.block_count": _kv_u32(f"{arch}.block_count", n_layer)}
+    replace = {f"{arch}.block_count": kv_u32(f"{arch}.block_count", n_layer)}
     for kv in lay.kvs:  # per-layer arrays
         if kv.key.startswith(arch + ".") and kv.vtype == T_ARRAY and kv.subtype != T_STRING and kv.count == n_orig:
             replace[kv.key] = _kv_array(kv, buf, n_layer)
@@ -110,51 +98,26 @@ def derive_gguf(
         else:
             keep = lay.tensors
             out_types = {t.name: _out_type(t, spec.type or "F32") for t in keep}
-            replace = {"general.file_type": _kv_u32("general.file_type", _LLAMA_FTYPE[spec.type or "F32"])}
+            replace = {"general.file_type": kv_u32("general.file_type", _LLAMA_FTYPE[spec.type or "F32"])}
             drop.add("general.quantization_version")
         # metadata: the source's records, with replacements; then the keys the source does not have
         kv_blobs = [replace.pop(kv.key, None) or bytes(buf[kv.start:kv.end]) for kv in lay.kvs if kv.key not in drop]
         kv_blobs.extend(replace.values())
-        return _write(Path(dest), lay, buf, keep, out_types, kv_blobs, progress, stage)
+        return write_gguf(Path(dest), lay, kv_blobs, [(t, t.ne, out_types[t.name]) for t in keep],
+                          functools.partial(_copy_tensor, buf, lay.data_start), f"deriving {Path(dest).name}",
+                          progress, stage)
 
 
-def _write(destp: Path, lay: Layout, buf: Any, keep: list[TensorInfo], out_types: dict[str, int],
-           kv_blobs: list[bytes], progress: Optional[ProgressFn], stage: str) -> str:
-    from gguf.constants import GGML_QUANT_SIZES
-
-    align = lay.alignment
-    ti_blobs: list[bytes] = []
-    rel = 0
-    for t in keep:
-        ti_blobs.append(_tensor_info(t, out_types[t.name], rel))
-        block, size = GGML_QUANT_SIZES[out_types[t.name]]
-        rel += (t.n_elements * size // block + align - 1) // align * align
-    total_data = rel
-
-    with cache_output(destp) as out:
-        pad = write_header(out, len(keep), kv_blobs, ti_blobs, align)
-        data_start = out.tell()
-        if progress:
-            progress(stage, 0, total_data)
-        for t in keep:
-            pad()
-            _copy_tensor(buf, lay.data_start + t.offset, t, out_types[t.name], out,
-                         lambda: progress(stage, out.tell() - data_start, total_data) if progress else None)
-        pad()
-        if out.tell() - data_start != total_data:
-            raise FetchError(f"internal error deriving {destp.name}: wrote {out.tell() - data_start} data bytes, expected {total_data}")
-        check_written(out, f"internal error deriving {destp.name}: the result does not parse")
-        return out.sha256()
-
-
-def _copy_tensor(buf: Any, src_off: int, t: TensorInfo, out_type: int, out: HashingWriter, tick: Callable[[], None]) -> None:
-    """Write tensor ``t`` (at ``src_off`` in ``buf``) to ``out`` as type ``out_type``, a slice of rows at a time."""
+def _copy_tensor(buf: Any, data_start: int, nt: NewTensor, out: HashingWriter, tick: Callable[[], None]) -> None:
+    """Write tensor ``nt`` (its data in ``buf`` from ``data_start``) to ``out`` as its new type, a slice of rows
+    at a time."""
     import numpy as np
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
+    t, _, out_type = nt
     assert t.nbytes is not None
-    raw = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=src_off)
+    raw = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=data_start + t.offset)
     if out_type == t.ggml_type:
         for i in range(0, t.nbytes, 16 * CHUNK):
             out.write(raw[i:i + 16 * CHUNK].tobytes())

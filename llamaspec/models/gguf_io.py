@@ -22,7 +22,7 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..errors import FetchError, ModelFormatError
 
@@ -206,20 +206,67 @@ def check_gguf_file(path: str | os.PathLike[str]) -> None:
         pass
 
 
-def write_header(out: Any, n_tensors: int, kv_blobs: list[bytes], ti_blobs: list[bytes], align: int):
-    """Write a GGUF v3 header (metadata and tensor infos, already encoded) to ``out`` and pad to ``align``;
-    returns the padding function for the tensor data that follows (each tensor starts aligned)."""
-    out.write(b"GGUF" + struct.pack("<IQQ", 3, n_tensors, len(kv_blobs)))
-    for b in kv_blobs + ti_blobs:
-        out.write(b)
+def string(s: str | bytes) -> bytes:
+    """A GGUF string: its length (u64), then its UTF-8 bytes."""
+    b = s.encode("utf-8") if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
 
-    def pad() -> None:
-        r = out.tell() % align
-        if r:
-            out.write(b"\0" * (align - r))
 
-    pad()
-    return pad
+def kv_u32(key: str, value: int) -> bytes:
+    """A GGUF metadata record ``key = value`` (u32)."""
+    return string(key) + struct.pack("<II", T_UINT32, value)
+
+
+#: what :func:`write_gguf` writes per tensor: the source tensor, its shape and its ggml type in the new file
+NewTensor = tuple[TensorInfo, tuple[int, ...], int]
+
+
+def write_gguf(dest: Path, lay: Layout, kv_blobs: list[bytes], tensors: list[NewTensor],
+               write_data: Callable[[NewTensor, Any, Callable[[], None]], None], what: str,
+               progress: Optional[Callable[[str, int, Optional[int]], None]], stage: str) -> str:
+    """Write the GGUF v3 file ``dest`` (atomically, through ``cache.cache_output``): the metadata records
+    ``kv_blobs`` (encoded), the infos of ``tensors``, then each tensor's data, aligned as in ``lay``, which
+    ``write_data(tensor, out, tick)`` writes (``tick()`` reports progress). Returns the sha256 of the file;
+    FetchError ``internal error {what}: ...`` when the result is not what was planned."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    from .cache import cache_output
+
+    align = lay.alignment
+    ti_blobs, total = [], 0
+    for t, ne, ggml_type in tensors:
+        ti_blobs.append(string(t.name) + struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, ggml_type, total))
+        block, size = GGML_QUANT_SIZES[ggml_type]
+        n_el = 1
+        for d in ne:
+            n_el *= d
+        total += (n_el * size // block + align - 1) // align * align
+    with cache_output(dest) as out:
+        out.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv_blobs)))
+        for b in kv_blobs + ti_blobs:
+            out.write(b)
+
+        def pad() -> None:
+            r = out.tell() % align
+            if r:
+                out.write(b"\0" * (align - r))
+
+        pad()
+        data_start = out.tell()
+
+        def tick() -> None:
+            if progress:
+                progress(stage, out.tell() - data_start, total)
+
+        tick()
+        for nt in tensors:
+            pad()
+            write_data(nt, out, tick)
+        pad()
+        if out.tell() - data_start != total:
+            raise FetchError(f"internal error {what}: wrote {out.tell() - data_start} data bytes, expected {total}")
+        check_written(out, f"internal error {what}: the result does not parse")
+        return out.sha256()
 
 
 def check_written(out: Any, failure: str) -> None:

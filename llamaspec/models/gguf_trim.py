@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..errors import FetchError
-from .cache import CHUNK, ProgressFn, cache_output
-from .gguf_io import T_ARRAY, T_STRING, T_UINT32, KV, TensorInfo, check_written, open_gguf, write_header
+from .cache import CHUNK, HashingWriter, ProgressFn
+from .gguf_io import T_ARRAY, T_STRING, KV, NewTensor, kv_u32, open_gguf, string, write_gguf
 
 SOURCE_IDS_KEY = "llamaspec.vocab.source_ids"
 SOURCE_N_KEY = "llamaspec.vocab.source_n_vocab"
@@ -71,18 +71,13 @@ def is_trimmed(path: str | os.PathLike[str]) -> bool:
 # --------------------------------------------------------------------------------------------------
 
 
-def _string(s: str | bytes) -> bytes:
-    b = s.encode("utf-8") if isinstance(s, str) else s
-    return struct.pack("<Q", len(b)) + b
-
-
 def _kv_strings(key: str, items: list[bytes]) -> bytes:
-    return _string(key) + struct.pack("<IIQ", T_ARRAY, T_STRING, len(items)) + b"".join(_string(s) for s in items)
+    return string(key) + struct.pack("<IIQ", T_ARRAY, T_STRING, len(items)) + b"".join(string(s) for s in items)
 
 
 def _kv_numbers(key: str, subtype: int, values: np.ndarray) -> bytes:
     dt = {T_INT32: "<i4", T_FLOAT32: "<f4"}[subtype]
-    return _string(key) + struct.pack("<IIQ", T_ARRAY, subtype, len(values)) + np.asarray(values, dtype=dt).tobytes()
+    return string(key) + struct.pack("<IIQ", T_ARRAY, subtype, len(values)) + np.asarray(values, dtype=dt).tobytes()
 
 
 def trim_vocab_gguf(src: str | os.PathLike[str], dest: str | os.PathLike[str], keep_ids: np.ndarray,
@@ -91,8 +86,6 @@ def trim_vocab_gguf(src: str | os.PathLike[str], dest: str | os.PathLike[str], k
     ``n_slots`` free rows (copies of the first kept row, type unused, source id -1) that a drafter fills at
     run time; return the sha256 of what was written. Raises FetchError (no file left behind) on a layout
     it cannot trim."""
-    from gguf.constants import GGML_QUANT_SIZES
-
     srcp, destp = Path(src), Path(dest)
     keep_ids = np.asarray(keep_ids, dtype=np.int64)
     with open_gguf(srcp) as (lay, buf):
@@ -132,55 +125,40 @@ def trim_vocab_gguf(src: str | os.PathLike[str], dest: str | os.PathLike[str], k
                 if 0 <= kv.value < n_vocab and new_id[kv.value] < 0:
                     raise FetchError(f"cannot trim {srcp}: {key} = {kv.value} is not among the kept tokens")
                 if 0 <= kv.value < n_vocab:
-                    replace[key] = _string(key) + struct.pack("<II", T_UINT32, int(new_id[kv.value]))
+                    replace[key] = kv_u32(key, int(new_id[kv.value]))
             elif key.endswith(".vocab_size") and isinstance(kv.value, int):
-                replace[key] = _string(key) + struct.pack("<II", T_UINT32, n_new)
+                replace[key] = kv_u32(key, n_new)
         st = srcp.stat()
         extra = [_kv_numbers(SOURCE_IDS_KEY, T_INT32, np.concatenate([keep_ids, np.full(n_slots, -1, np.int64)])),
-                 _string(SOURCE_N_KEY) + struct.pack("<II", T_UINT32, n_vocab),
-                 _string(SOURCE_PATH_KEY) + struct.pack("<I", T_STRING) + _string(str(srcp.resolve())),
-                 _string(SOURCE_SIZE_KEY) + struct.pack("<IQ", 10, st.st_size)]
+                 kv_u32(SOURCE_N_KEY, n_vocab),
+                 string(SOURCE_PATH_KEY) + struct.pack("<I", T_STRING) + string(str(srcp.resolve())),
+                 string(SOURCE_SIZE_KEY) + struct.pack("<IQ", 10, st.st_size)]
         kv_blobs = [replace.get(kv.key) or bytes(buf[kv.start:kv.end]) for kv in lay.kvs] + extra
 
         # tensors: the vocabulary tensors lose their dropped rows; another per-token matrix outside the
         # blocks is a layout this does not know
-        plan: list[tuple[TensorInfo, tuple[int, ...], Optional[int]]] = []  # (src tensor, new ne, row bytes)
+        plan: list[NewTensor] = []
         for t in lay.tensors:
             if t.nbytes is None:
                 raise FetchError(f"cannot trim {srcp}: tensor {t.name} has a type this `gguf` package does not know; upgrade gguf")
             if t.name in VOCAB_TENSORS and len(t.ne) == 2 and t.ne[1] == n_vocab:
-                plan.append((t, (t.ne[0], n_new), t.nbytes // n_vocab))
+                plan.append((t, (t.ne[0], n_new), t.ggml_type))
             elif not t.name.startswith("blk.") and len(t.ne) == 2 and t.ne[1] == n_vocab and t.ne[0] != n_vocab:
                 raise FetchError(f"cannot trim {srcp}: tensor {t.name} {t.ne} has a vocabulary dimension this does not know")
             else:
-                plan.append((t, t.ne, None))
-        align = lay.alignment
-        ti_blobs, rel = [], 0
-        for t, ne, _row in plan:
-            ti_blobs.append(_string(t.name) + struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, t.ggml_type, rel))
-            block, size = GGML_QUANT_SIZES[t.ggml_type]
-            n_el = int(np.prod(ne, dtype=np.int64))
-            rel += (n_el * size // block + align - 1) // align * align
-        total = rel
-        with cache_output(destp) as out:
-            pad = write_header(out, len(plan), kv_blobs, ti_blobs, align)
-            data_start = out.tell()
-            for t, _ne, row in plan:
-                pad()
-                raw = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=lay.data_start + t.offset)
-                if row is None:
-                    for i in range(0, t.nbytes, 16 * CHUNK):
-                        out.write(raw[i:i + 16 * CHUNK].tobytes())
-                else:
-                    rows = raw.reshape(n_vocab, row)
-                    step = max(1, (16 * CHUNK) // row)
-                    for i in range(0, n_new, step):
-                        out.write(rows[rows_from[i:i + step]].tobytes())
-                if progress:
-                    progress(stage, out.tell() - data_start, total)
-            pad()
-            if out.tell() - data_start != total:
-                raise FetchError(f"internal error trimming {srcp.name}: wrote {out.tell() - data_start} data bytes, expected {total}")
-            check_written(out, f"internal error trimming {srcp.name}: the result does not parse")
-            return out.sha256()
+                plan.append((t, t.ne, t.ggml_type))
 
+        def write_data(nt: NewTensor, out: HashingWriter, tick: Callable[[], None]) -> None:
+            t, ne = nt[0], nt[1]
+            raw = np.frombuffer(buf, dtype=np.uint8, count=t.nbytes, offset=lay.data_start + t.offset)
+            if ne == t.ne:
+                for i in range(0, t.nbytes, 16 * CHUNK):
+                    out.write(raw[i:i + 16 * CHUNK].tobytes())
+            else:  # the kept rows of a vocabulary tensor
+                rows = raw.reshape(n_vocab, t.nbytes // n_vocab)
+                step = max(1, (16 * CHUNK) // rows.shape[1])
+                for i in range(0, n_new, step):
+                    out.write(rows[rows_from[i:i + step]].tobytes())
+            tick()
+
+        return write_gguf(destp, lay, kv_blobs, plan, write_data, f"trimming {srcp.name}", progress, stage)

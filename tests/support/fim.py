@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import struct
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from llamaspec.models.gguf_io import T_UINT32, open_gguf, write_header
+from llamaspec.models.gguf_io import kv_u32, open_gguf, write_gguf
 
 __all__ = ["with_fim_tokens", "SMOLLM2_FIM"]
 
@@ -27,11 +26,6 @@ FIM_KEYS = ("pre", "suf", "mid", "pad", "rep", "sep")
 #: SmolLM2's control tokens used as FIM tokens: <issue_start>, <issue_comment>, <issue_closed>,
 #: <empty_output>, <repo_name>, <file_sep>
 SMOLLM2_FIM = {"pre": 8, "suf": 9, "mid": 10, "pad": 16, "rep": 3, "sep": 5}
-
-
-def _string(s: str) -> bytes:
-    b = s.encode("utf-8")
-    return struct.pack("<Q", len(b)) + b
 
 
 def with_fim_tokens(src: str | os.PathLike[str], dest: str | os.PathLike[str], **ids: int) -> Path:
@@ -42,20 +36,17 @@ def with_fim_tokens(src: str | os.PathLike[str], dest: str | os.PathLike[str], *
         raise TypeError(f"unknown FIM token(s) {', '.join(bad)}; known: {', '.join(FIM_KEYS)}")
     keys = {f"tokenizer.ggml.fim_{k}_token_id": int(v) for k, v in ids.items()}
     dest = Path(dest)
-    tmp = dest.with_name(dest.name + ".tmp")
     with open_gguf(src) as (lay, buf):
         if lay.endian != "<":
             raise ValueError(f"{src}: only little-endian GGUF files are supported")
         kv_blobs = [bytes(buf[kv.start:kv.end]) for kv in lay.kvs if kv.key not in keys]
-        kv_blobs += [_string(k) + struct.pack("<II", T_UINT32, v) for k, v in keys.items()]
-        ti_blobs = [_string(t.name) + struct.pack(f"<I{len(t.ne)}QIQ", len(t.ne), *t.ne, t.ggml_type, t.offset)
-                    for t in lay.tensors]
-        with open(tmp, "wb") as out:
-            write_header(out, len(lay.tensors), kv_blobs, ti_blobs, lay.alignment)
-            step = 64 << 20
-            for i in range(lay.data_start, lay.file_size, step):  # tensor offsets are relative to the data
-                out.write(buf[i:min(i + step, lay.file_size)])
-    os.replace(tmp, dest)
+        kv_blobs += [kv_u32(k, v) for k, v in keys.items()]
+
+        def copy(nt, out, tick) -> None:  # the weights byte for byte
+            start = lay.data_start + nt[0].offset
+            out.write(buf[start:start + nt[0].nbytes])
+
+        write_gguf(dest, lay, kv_blobs, [(t, t.ne, t.ggml_type) for t in lay.tensors], copy, f"copying {src}", None, "")
     return dest
 
 
