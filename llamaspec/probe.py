@@ -224,6 +224,11 @@ class ModelReport:
         return d
 
 
+#: the facts of a :class:`ModelReport` read from the model as they are
+_MODEL_FACTS = ("arch", "name", "n_params", "n_ctx_train", "n_layer", "n_embd", "n_swa", "is_swa", "is_recurrent",
+                "is_hybrid", "n_layer_nextn")
+
+
 @dataclass
 class ProbeReport:
     target: ModelReport
@@ -250,35 +255,13 @@ class ProbeReport:
 def report_model(model: llama.Model, *, measure: bool = True, n_rs_seq: int = DEFAULT_RS_PROBE, n_threads: int | None = None,
                  checkpoint_tokens: int = 1024, n_threads_batch: int | None = None) -> ModelReport:
     lv = probe_levels(model, n_rs_seq=n_rs_seq, n_threads=n_threads, n_threads_batch=n_threads_batch)
-    r = ModelReport(
-        path=str(model.path),
-        arch=model.arch,
-        name=model.name,
-        level=lv.level.name,
-        level_with_rs=lv.level_with_rs.name,
-        n_rs_seq=lv.n_rs_seq,
-        file_bytes=Path(model.path).stat().st_size,
-        n_params=model.n_params,
-        n_ctx_train=model.n_ctx_train,
-        n_layer=model.n_layer,
-        n_embd=model.n_embd,
-        n_vocab=model.vocab.n_tokens,
-        n_swa=model.n_swa,
-        is_swa=model.is_swa,
-        is_recurrent=model.is_recurrent,
-        is_hybrid=model.is_hybrid,
-        n_layer_nextn=model.n_layer_nextn,
-    )
+    r = ModelReport(path=str(model.path), level=lv.level.name, level_with_rs=lv.level_with_rs.name, n_rs_seq=lv.n_rs_seq,
+                    file_bytes=Path(model.path).stat().st_size, n_vocab=model.vocab.n_tokens,
+                    **{f: getattr(model, f) for f in _MODEL_FACTS})
     if measure and lv.level is not Level.NO:
         cp = measure_checkpoint(model, n_tokens=checkpoint_tokens, n_threads=n_threads, n_threads_batch=n_threads_batch)
-        r.checkpoint = {
-            "n_tokens": cp.n_tokens,
-            "partial_bytes": cp.partial_bytes,
-            "full_bytes": cp.full_bytes,
-            "save_ms": round(cp.save_ms, 4),
-            "load_ms": round(cp.load_ms, 4),
-            **cp.per_1k(),
-        }
+        r.checkpoint = {"n_tokens": cp.n_tokens, "partial_bytes": cp.partial_bytes, "full_bytes": cp.full_bytes,
+                        "save_ms": round(cp.save_ms, 4), "load_ms": round(cp.load_ms, 4), **cp.per_1k()}
         r.verify_cost_ms = measure_verify_curve(model, n_threads=n_threads, n_threads_batch=n_threads_batch)
     return r
 

@@ -19,6 +19,10 @@ import numpy as np
 
 MASK32 = 0xFFFFFFFF
 MASK64 = 0xFFFFFFFFFFFFFFFF
+#: ngram-lookup and its pool: the odd 64-bit multiplier of their rolling hash (any large odd constant works: keys
+#: are verified on use), and how far a match is verified / extended backwards (longer ones count as this long)
+HASH_MUL = 0x9E3779B97F4A7C15
+MATCH_CAP = 32
 
 
 def as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -34,6 +38,18 @@ def tail_list(tokens: Sequence[int] | np.ndarray, start: int, stop: int | None =
     if isinstance(part, np.ndarray):
         return part.tolist()
     return part if isinstance(part, list) else list(part)
+
+
+def tail_key(arr: np.ndarray, id_last: int, n: int) -> np.ndarray:
+    """The n-gram that ends at the pending token: the last ``n - 1`` tokens of ``arr``, then ``id_last`` (int32).
+
+    >>> tail_key(as_tokens([4, 5, 6]), 9, 3).tolist()
+    [5, 6, 9]
+    """
+    key = np.empty(n, dtype=np.int32)
+    key[: n - 1] = arr[len(arr) - n + 1:]
+    key[n - 1] = id_last
+    return key
 
 
 def find_matches(arr: np.ndarray, pattern: np.ndarray, lo: int, hi: int) -> np.ndarray:

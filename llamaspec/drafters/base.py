@@ -86,7 +86,15 @@ class Drafter:
         return True
 
     def draft(self, params: Sequence[DraftParams]) -> None:
-        """Fill ``params[seq].result`` for every seq with ``drafting`` true (``params`` indexed by seq id)."""
+        """Fill ``params[seq].result`` for every seq with ``drafting`` true (``params`` indexed by seq id);
+        by default with :meth:`draft_one` of each."""
+        for seq_id, dp in enumerate(params):
+            if dp.drafting:
+                dp.result.extend(self.draft_one(seq_id, dp.prompt, dp.id_last))
+
+    def draft_one(self, seq_id: int, prompt: Sequence[int], id_last: int) -> list[int]:
+        """The draft of one sequence (what the default :meth:`draft` asks of a drafter that drafts them one by
+        one): the tokens after ``prompt + [id_last]``."""
         raise NotImplementedError
 
     def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ..errors import LlamaSpecError, UsageError
+from ..errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .. import _llama as llama
@@ -23,23 +23,14 @@ HEAD_TYPES = {"eagle3": ("draft-eagle3",), "dflash": ("draft-dflash", "draft-dsp
 
 def infer_draft_type(draft: "str | os.PathLike[str] | llama.Model") -> list[str]:
     """The drafter type a ``-md`` file selects when ``--spec-type`` is not given (a one-item list)."""
-    from ..models.gguf_io import open_gguf
+    from .mtp import gguf_is_mtp_draft, gguf_layout
 
-    path = getattr(draft, "path", draft)
-    try:
-        with open_gguf(path) as (lay, _):
-            arch = lay.get("general.architecture")
-            if arch == "eagle3":
-                return ["draft-eagle3"]
-            names = {t.name for t in lay.tensors}
-            if arch == "dflash":
-                return ["draft-dspark" if "markov_w1.weight" in names else "draft-dflash"]
-            n = lay.get(f"{arch}.block_count") if isinstance(arch, str) else None
-            if isinstance(n, int) and n > 0 and f"blk.{n - 1}.nextn.eh_proj.weight" in names:
-                return ["draft-mtp"]
-    except (LlamaSpecError, OSError):
-        pass  # let the model loader report what is wrong with the file
-    return ["draft-simple"]
+    lay = gguf_layout(getattr(draft, "path", draft))  # (None: the model loader says what is wrong with the file)
+    if lay is not None and lay[0] == "eagle3":
+        return ["draft-eagle3"]
+    if lay is not None and lay[0] == "dflash":
+        return ["draft-dspark" if "markov_w1.weight" in lay[2] else "draft-dflash"]
+    return ["draft-mtp"] if lay is not None and gguf_is_mtp_draft(None, lay) else ["draft-simple"]
 
 
 def check_head_types(model_dft: "llama.Model", spec: "SpecParams") -> None:
@@ -80,6 +71,7 @@ def head_support(target: "llama.Model", draft: "llama.Model | None" = None) -> d
     on the loaded target) also has ``"warning"``, the line the drafter logs."""
     from .._llama import ext
     from .eagle3 import LAYER_INP_ARCHS, nextn_warning
+    from .mtp import gguf_layout
 
     out: dict = {}
     for kind, arch in (("draft-eagle3", "eagle3"), ("draft-dflash", "dflash"), ("draft-dspark", "dflash")):
@@ -93,7 +85,8 @@ def head_support(target: "llama.Model", draft: "llama.Model | None" = None) -> d
                 check_head_pair(target, draft)
             except UsageError as e:
                 why = str(e)
-            if why is None and kind == "draft-dspark" and not _has_markov(draft):
+            lay = gguf_layout(draft.path) if why is None and kind == "draft-dspark" else None
+            if why is None and kind == "draft-dspark" and (lay is None or "markov_w1.weight" not in lay[2]):
                 why = f"{draft.path.name} has no DSpark Markov head (markov_w1): use draft-dflash"
         out[kind] = {"supported": why is None, "why": why}
         if why is None and kind == "draft-eagle3":
@@ -102,12 +95,3 @@ def head_support(target: "llama.Model", draft: "llama.Model | None" = None) -> d
                 out[kind]["warning"] = warning
     return out
 
-
-def _has_markov(model: "llama.Model") -> bool:
-    from ..models.gguf_io import open_gguf
-
-    try:
-        with open_gguf(model.path) as (lay, _):
-            return any(t.name == "markov_w1.weight" for t in lay.tensors)
-    except (LlamaSpecError, OSError):
-        return False

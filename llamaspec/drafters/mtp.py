@@ -76,7 +76,7 @@ def mtp_support(model: "llama.Model", *, loaded_with_mtp: bool | None = None) ->
     return None
 
 
-def _gguf_layout(path):
+def gguf_layout(path):
     """``(architecture, header getter, tensor names)`` of a GGUF (header only), or None when unreadable."""
     from ..models.gguf_io import open_gguf
 
@@ -92,7 +92,7 @@ def gguf_is_mtp_head_only(path) -> bool:
     """Whether the GGUF at ``path`` holds only an MTP head (nextn blocks, no trunk: ``blk.0.attn_norm.weight``
     missing, as llama.cpp's loaders test). Such a file runs only as ``-md`` of draft-mtp: any other context on it
     has no trunk weights and crashes llama.cpp."""
-    lay = _gguf_layout(path)
+    lay = gguf_layout(path)
     if lay is None or lay[0] is None:
         return False
     arch, get, names = lay
@@ -100,10 +100,10 @@ def gguf_is_mtp_head_only(path) -> bool:
     return isinstance(n, int) and n > 0 and "blk.0.attn_norm.weight" not in names
 
 
-def gguf_is_mtp_draft(path) -> bool:
+def gguf_is_mtp_draft(path, lay=None) -> bool:
     """llama.cpp's draft-type detection for a ``-md`` file (§1.1): an architecture other than dflash whose
-    last block (``<arch>.block_count - 1``) has ``nextn.eh_proj.weight``."""
-    lay = _gguf_layout(path)
+    last block (``<arch>.block_count - 1``) has ``nextn.eh_proj.weight`` (``lay``: its :func:`gguf_layout`)."""
+    lay = gguf_layout(path) if lay is None else lay
     if lay is None or lay[0] is None or lay[0] == "dflash":
         return False
     arch, get, names = lay

@@ -46,7 +46,7 @@ from typing import Iterable, Sequence
 from ..errors import UsageError
 from ..params import NGRAM_CACHE_N_DRAFT, NgramCacheParams
 from ._ngram_util import tail_list
-from .base import DraftParams, Drafter
+from .base import Drafter
 from .ngram_cache_io import KEY_SLOTS, Cache, cache_from_bytes, cache_to_bytes, load_cache, save_cache
 
 __all__ = ["LAX_MIN_PERCENT", "LAX_MIN_SAMPLE", "NGRAM_MAX", "NGRAM_MIN", "NGRAM_STATIC", "N_DRAFT", "STRICT_MIN_PERCENT",
@@ -296,11 +296,6 @@ class NgramCache(Drafter):
             cache_update(pending, seg, Lb - cs)
             self._pending[seq_id] = (cs, a, seg, pending)
 
-    def draft(self, params: Sequence[DraftParams]) -> None:
-        for seq_id, dp in enumerate(params):
-            if dp.drafting:
-                dp.result.extend(self._draft_one(seq_id, dp.prompt, int(dp.id_last)))
-
     def _update_context(self, seq_id: int, prompt: Sequence[int], id_last: int) -> None:
         L = len(prompt)
         cs = self.cache_size[seq_id]
@@ -322,7 +317,8 @@ class NgramCache(Drafter):
         cache_update(ctx, tail_list(prompt, start) + [id_last], nnew)
         self.cache_size[seq_id] = L + 1
 
-    def _draft_one(self, seq_id: int, prompt: Sequence[int], id_last: int) -> list[int]:
+    def draft_one(self, seq_id: int, prompt: Sequence[int], id_last: int) -> list[int]:
+        id_last = int(id_last)
         L = len(prompt)
         if self.cache_size[seq_id] < L + 1:
             self._update_context(seq_id, prompt, id_last)

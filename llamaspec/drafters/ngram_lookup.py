@@ -44,6 +44,7 @@ What it does, per slot:
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import replace
 from typing import Callable, Sequence
 
@@ -51,35 +52,28 @@ import numpy as np
 
 from ..adaptive import CostModel, Explorer, default_verify_cost
 from ..params import NgramLookupParams
+from ._ngram_util import HASH_MUL, MASK64, MATCH_CAP
 from .base import DraftParams, Drafter
 from .ngram_pool import PoolDrafting, SharedPool
 from .ngram_rates import PRIOR_DECAY, PRIOR_WEIGHT, BucketRates, Calibration, shared_cost_table
 
 __all__ = ["NgramLookup", "NgramLookupParams", "best_length_table", "expected_len", "default_verify_cost"]
 
-MASK64 = 0xFFFFFFFFFFFFFFFF
-#: odd 64-bit multiplier of the rolling hash (any large odd constant works; keys are verified on use)
-HASH_MUL = 0x9E3779B97F4A7C15
-#: the match is verified / extended backwards at most this far (longer matches fall in the last bucket)
-MATCH_CAP = 32
 #: upper bounds of the match-length buckets (a match of length m is in the first bucket with m <= bound)
 BUCKETS = (1, 2, 3, 5, 8, 15, MATCH_CAP)
-#: prior rate of the first drafted token per bucket, and of a later token given the ones before it (tuned by
-#: replaying recorded greedy outputs of Gemma-3-270M on the benchmark prompts with the measured CPU cost
-#: curve; each slot then learns its own, and the drafter-wide prior follows what every slot measured)
 #: the cost table v(0..n_max) is recomputed every this many draft calls
 VT_REFRESH = 16
 #: consecutive first-token misses in a bucket after which its drafts are capped, and the cap (module docstring)
 MISS_STREAK, MISS_CAP = 3, 4
+#: prior rate of the first drafted token per bucket, and of a later token given the ones before it (tuned by
+#: replaying recorded greedy outputs of Gemma-3-270M on the benchmark prompts with the measured CPU cost
+#: curve; each slot then learns its own, and the drafter-wide prior follows what every slot measured)
 PRIOR_P1 = (0.35, 0.5, 0.6, 0.7, 0.8, 0.85, 0.95)
 PRIOR_Q = (0.7, 0.8, 0.85, 0.9, 0.92, 0.95, 0.98)
 
 
 def _bucket(m: int) -> int:
-    for i, b in enumerate(BUCKETS):
-        if m <= b:
-            return i
-    return len(BUCKETS) - 1
+    return min(bisect.bisect_left(BUCKETS, m), len(BUCKETS) - 1)
 
 
 def expected_len(p1: float, q: float, k: int) -> float:

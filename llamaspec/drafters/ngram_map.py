@@ -58,8 +58,8 @@ import numpy as np
 
 from ..errors import LlamaSpecError
 from ..params import NgramMapParams
-from ._ngram_util import MASK32, as_tokens, find_matches, last_match
-from .base import DraftParams, Drafter
+from ._ngram_util import MASK32, as_tokens, find_matches, last_match, tail_key
+from .base import Drafter
 
 #: multiplier of the map hash
 HASH_MUL = 2654435761
@@ -211,12 +211,8 @@ class NgramMap(Drafter):
         mp.size_last_begin = S
 
     # ------------------------------------------------------------------------------------------ draft
-    def draft(self, params: Sequence[DraftParams]) -> None:
-        for seq_id, dp in enumerate(params):
-            if dp.drafting:
-                dp.result.extend(self._draft_one(self.maps[seq_id], dp.prompt, dp.id_last))
-
-    def _draft_one(self, mp: MapState, prompt: Sequence[int], id_last: int) -> list[int]:
+    def draft_one(self, seq_id: int, prompt: Sequence[int], id_last: int) -> list[int]:
+        mp = self.maps[seq_id]
         n, m = self.size_n, self.size_m
         mp.last_draft_created = False
         mp.last_draft_key_idx = 0
@@ -231,9 +227,7 @@ class NgramMap(Drafter):
             )
         mp.idx_last_check = L
         arr = as_tokens(prompt)
-        key = np.empty(n, dtype=np.int32)
-        key[: n - 1] = arr[L - n + 1: L]
-        key[n - 1] = id_last
+        key = tail_key(arr, id_last, n)
         key_list = key.tolist()
 
         slb, last_idx = mp.size_last_begin, mp.key_map_last_idx

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..params import NgramModParams
 from ._ngram_util import MASK64, as_tokens, tail_list
-from .base import DraftParams, Drafter
+from .base import Drafter
 
 log = logging.getLogger("llamaspec")
 
@@ -177,12 +177,7 @@ class NgramMod(Drafter):
             log.debug("ngram-mod: occupancy %.3f > %.2f, resetting the table", self.occupancy(), MAX_OCCUPANCY)
             self.clear()
 
-    def draft(self, params: Sequence[DraftParams]) -> None:
-        for seq_id, dp in enumerate(params):
-            if dp.drafting:
-                dp.result.extend(self._draft_one(seq_id, dp.prompt, dp.id_last))
-
-    def _draft_one(self, seq_id: int, prompt: Sequence[int], id_last: int) -> list[int]:
+    def draft_one(self, seq_id: int, prompt: Sequence[int], id_last: int) -> list[int]:
         n = self.n_match
         self.n_draft_last[seq_id] = 0
         L = len(prompt)

@@ -42,16 +42,13 @@ from typing import Sequence
 
 import numpy as np
 
+from ._ngram_util import HASH_MUL, MASK64, MATCH_CAP
 from .ngram_rates import PRIOR_DECAY, PRIOR_WEIGHT, BucketRates, Calibration
 
 __all__ = ["SharedPool", "PoolDrafting", "POOL_KEYS", "owner_salt"]
 
-MASK64 = 0xFFFFFFFFFFFFFFFF
-HASH_MUL = 0x9E3779B97F4A7C15
 #: the key lengths indexed, longest first (a long key finds the real repeat; a short one finds a copy early)
 POOL_KEYS = (12, 4)
-#: matches are verified and extended backwards at most this far (ngram_lookup.MATCH_CAP)
-MATCH_CAP = 32
 _LOW = 0xFFFFFFFF
 
 

@@ -39,8 +39,8 @@ from typing import Sequence
 import numpy as np
 
 from ..params import NgramMapParams
-from ._ngram_util import as_tokens, last_match
-from .base import DraftParams, Drafter
+from ._ngram_util import as_tokens, last_match, tail_key
+from .base import Drafter
 
 
 def simple_draft(
@@ -51,9 +51,7 @@ def simple_draft(
     if L <= n + m + 1:
         return []
     arr = as_tokens(prompt)
-    pattern = np.empty(n, dtype=np.int32)
-    pattern[: n - 1] = arr[L - n + 1: L]
-    pattern[n - 1] = id_last
+    pattern = tail_key(arr, id_last, n)
     min_copy = min(n, m) if fix_short_match else 1
     # with the QUIRK every j <= L-n-1 is a candidate and a short copy is rejected after the fact;
     # with the fix only candidates whose continuation is long enough are considered at all
@@ -85,10 +83,5 @@ class NgramSimple(Drafter):
         self.fix_short_match = bool(fix_quirks) if fix_short_match is None else bool(fix_short_match)
         self.n_max = self.size_m
 
-    def draft(self, params: Sequence[DraftParams]) -> None:
-        for dp in params:
-            if not dp.drafting:
-                continue
-            dp.result.extend(
-                simple_draft(dp.prompt, dp.id_last, self.size_n, self.size_m, fix_short_match=self.fix_short_match)
-            )
+    def draft_one(self, seq_id: int, prompt: Sequence[int], id_last: int) -> list[int]:
+        return simple_draft(prompt, id_last, self.size_n, self.size_m, fix_short_match=self.fix_short_match)
