@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -34,6 +34,9 @@ log = logging.getLogger("llamaspec")
 
 DRAFT_TOP_K = 10
 SEED_MIX = 0x85EBCA6B
+#: :meth:`ModelDrafter._draft_steps`' ``pick(k, s, dp) -> (token, p)`` and ``next_row(k, s, dp, i, token)``
+Pick = Callable[[int, int, DraftParams], "tuple[int, float]"]
+NextRow = Callable[[int, int, DraftParams, int, int], llama.Row]
 
 
 def top_candidate(logits: np.ndarray, need_p: bool, suppress: np.ndarray | None = None) -> tuple[int, float]:
@@ -141,6 +144,31 @@ class ModelDrafter(Drafter):
         if pm < len(prompt) - lag:
             log.warning("%s: the %s of seq %d holds positions up to %d, the prompt has %d tokens (was every target "
                         "batch passed to process?)", self.type, self.ctx_name, seq_id, pm, len(prompt))
+
+    def _draft_steps(self, params: Sequence[DraftParams], active: list[int], rows: list[llama.Row], pick: "Pick",
+                     next_row: "NextRow", decode: "Callable[[list[llama.Row]], bool]") -> int:
+        """Drafting one token a step (draft-simple, EAGLE-3): ``rows``, one per sequence of ``active``, are
+        decoded; ``pick(k, s, dp)`` is the ``(token, p)`` of output row ``k`` (sequence ``s``). A draft stops
+        before a token below its ``p_min`` and at ``n_max`` (the drafter's or the request's); the others decode
+        ``next_row(k, s, dp, i, token)`` (``i``: the step) together. ``decode(rows)`` False ends them all.
+        Returns the decodes made."""
+        n_steps = i = 0
+        while rows and decode(rows):
+            n_steps += 1
+            rows, still = [], []
+            for k, s in enumerate(active):
+                dp = params[s]
+                tok, p = pick(k, s, dp)
+                if p < dp.p_min_or(self.params.p_min):
+                    if dp.probs is not None and len(dp.probs) > len(dp.result):
+                        dp.probs.pop()  # (a sampled draft recorded the distribution of the token it drops)
+                    continue
+                dp.result.append(tok)
+                if len(dp.result) < self.n_max and not (dp.n_max > 0 and len(dp.result) >= dp.n_max):
+                    rows.append(next_row(k, s, dp, i, tok))
+                    still.append(s)
+            active, i = still, i + 1
+        return n_steps
 
     def _drop_short(self, params: Sequence[DraftParams], seqs: Sequence[int], n_min: int | None = None) -> None:
         """``n_min`` (the request's, else ``n_min``, else the drafter's own) over the drafts of ``seqs``."""
@@ -353,37 +381,20 @@ class DraftSimple(ModelDrafter):
         self._drafted = set(active)
         if not active:
             return
-        requested = list(active)
         for s in active:
             self._decoded[s] = None
         if self.reuse_kv and not self._catch_up(params, active):
             return
-        t0, n_steps = time.perf_counter(), 1
+        t0 = time.perf_counter()
         self.last_step_ms = None
-        if not self._decode_step([llama.Row(params[s].id_last, params[s].pos0, s, True) for s in active]):
-            return
-        i = 0
-        while True:
-            next_rows: list[llama.Row] = []
-            next_active: list[int] = []
-            for k, s in enumerate(active):
-                dp = params[s]
-                tok, p = self._pick(s, ctx.logits(k), dp)
-                if self._to_tgt is not None:
-                    tok = int(self._to_tgt[tok])
-                if p < dp.p_min_or(self.params.p_min):
-                    if dp.probs is not None and len(dp.probs) > len(dp.result):
-                        dp.probs.pop()
-                    continue
-                dp.result.append(tok)
-                if len(dp.result) >= self.n_max or (dp.n_max > 0 and len(dp.result) >= dp.n_max):
-                    continue
-                next_rows.append(llama.Row(tok, dp.pos0 + i + 1, s, True))
-                next_active.append(s)
-            if not next_rows or not self._decode_step(next_rows):
-                break
-            n_steps += 1
-            active = next_active
-            i += 1
-        self.last_step_ms = (time.perf_counter() - t0) * 1e3 / n_steps
-        self._drop_short(params, requested)
+
+        def pick(k: int, s: int, dp: DraftParams) -> tuple[int, float]:
+            tok, p = self._pick(s, ctx.logits(k), dp)
+            return (int(self._to_tgt[tok]) if self._to_tgt is not None else tok), p
+
+        first = [llama.Row(params[s].id_last, params[s].pos0, s, True) for s in active]
+        n_steps = self._draft_steps(params, active, first, pick,
+                                    lambda k, s, dp, i, tok: llama.Row(tok, dp.pos0 + i + 1, s, True), self._decode_step)
+        if n_steps:
+            self.last_step_ms = (time.perf_counter() - t0) * 1e3 / n_steps
+            self._drop_short(params, active)

@@ -16,7 +16,7 @@ deferred row to the last accepted position.
 pending_pos, pending_g)``, then extend one token per step, feeding the draft's own pre-norm state (the
 ``nextn`` output) back as the next ``g``. Tokens are the top candidate of ``top_k(10)`` over the draft
 logits (suppress tokens excluded); ``p_min`` stops a draft before a low-probability token; the length cap
-is the drafter's own ``n_max`` (the chain truncates to the request's cap), then ``n_min``.
+is the drafter's own ``n_max`` and the request's, then ``n_min``.
 
 ``get_state``/``set_state`` (prompt checkpoints, §7.6) carry ``pending_pos`` + ``pending_g`` and are
 active only for recurrent / hybrid targets.
@@ -267,36 +267,24 @@ class Eagle3(ModelDrafter):
         for s in active:
             self.mem.trim(s, self.pending_pos[s])
             rows.append(llama.Row(params[s].id_last, self.pending_pos[s], s, True, embd=self.pending_g[s]))
-        try:
-            ctx.decode(rows)
-        except DecodeError as e:
-            log.warning("draft-eagle3: draft decode failed: %s", e)
-            return
-        i = 0
-        while True:
-            next_rows: list[llama.Row] = []
-            next_active: list[int] = []
-            for k, s in enumerate(active):
-                dp = params[s]
-                p_min = dp.p_min_or(self.params.p_min)
-                tok, p = top_candidate(ctx.logits(k), p_min > 0.0, self._suppress)
-                prenorm = ext.get_embeddings_nextn_ith(ctx, k, self.n_embd_dec)
-                if p < p_min:
-                    continue
-                dp.result.append(tok)
-                if len(dp.result) >= self.n_max:
-                    continue
-                next_rows.append(llama.Row(tok, self.pending_pos[s] + i + 1, s, True, embd=prenorm))
-                next_active.append(s)
-            if not next_rows:
-                break
+
+        def decode(rows: list[llama.Row]) -> bool:
             try:
-                ctx.decode(next_rows)
+                ctx.decode(rows)
             except DecodeError as e:
                 log.warning("draft-eagle3: draft decode failed: %s", e)
-                break
-            active = next_active
-            i += 1
+                return False
+            return True
+
+        def pick(k: int, s: int, dp: DraftParams) -> tuple[int, float]:
+            return top_candidate(ctx.logits(k), dp.p_min_or(self.params.p_min) > 0.0, self._suppress)
+
+        def next_row(k: int, s: int, dp: DraftParams, i: int, tok: int) -> llama.Row:
+            # the draft's own pre-norm state (its nextn output) is the next g
+            prenorm = ext.get_embeddings_nextn_ith(ctx, k, self.n_embd_dec)
+            return llama.Row(tok, self.pending_pos[s] + i + 1, s, True, embd=prenorm)
+
+        self._draft_steps(params, active, rows, pick, next_row, decode)
         self._drop_short(params, requested)
 
     def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
