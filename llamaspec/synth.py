@@ -12,7 +12,7 @@ with ``p + p^2 + p^3 = 1.5``:
 >>> rates = resolve_synth_rates(2.5, [], 3)
 >>> [round(r, 6) for r in rates]
 [0.691414, 0.478053, 0.330533]
->>> round(mean_acceptance_length(rates), 6)
+>>> round(1 + sum(rates), 6)               # the mean acceptance length, the target's token included
 2.5
 >>> [round(c, 6) for c in conditional_probs(rates)]
 [0.691414, 0.691414, 0.691414]
@@ -35,7 +35,6 @@ __all__ = [
     "parse_synth_rates",
     "resolve_synth_rates",
     "conditional_probs",
-    "mean_acceptance_length",
     "Mt19937Uniform",
     "synth_accept",
 ]
@@ -234,15 +233,6 @@ def conditional_probs(rates: Sequence[float]) -> list[float]:
         out.append(r / prev if prev != 0.0 else 0.0)
         prev = r
     return out
-
-
-def mean_acceptance_length(rates: Sequence[float]) -> float:
-    """Expected tokens per round, target token included: ``1 + sum(rates)``.
-
-    >>> mean_acceptance_length([0.5, 0.25])
-    1.75
-    """
-    return 1.0 + float(sum(rates))
 
 
 class Mt19937Uniform:

@@ -15,8 +15,7 @@ from click.testing import CliRunner
 from llamaspec.cli.main import main
 from llamaspec.auto import AUTO_NGRAM_K_START, AutoChain, GatedDrafter, SlotGate
 from llamaspec.drafters.base import DraftParams, Drafter
-from llamaspec.drafters.ngram_lookup import (NgramLookup, NgramLookupParams, best_length_table, default_verify_cost,
-                                              expected_len)
+from llamaspec.drafters.ngram_lookup import NgramLookup, NgramLookupParams, best_length_table, default_verify_cost
 from llamaspec.engine import Engine
 from llamaspec.errors import UsageError
 from llamaspec.params import SpecParams, SpecType
@@ -44,6 +43,15 @@ def lookup_draft(seq: list[int], key_max: int, n: int) -> list[int]:
         out.append(out[src])
         src += 1
     return out[L:]
+
+
+def expected_len(p1: float, q: float, k: int) -> float:
+    """``E(k) = 1 + p1 (1 + q + ... + q^(k-1))``, tokens per round with a draft of k tokens."""
+    if k <= 0:
+        return 1.0
+    if q >= 1.0:
+        return 1.0 + p1 * k
+    return 1.0 + p1 * (1.0 - q ** k) / (1.0 - q)
 
 
 def best_length(p1: float, q: float, k_max: int, verify_cost, floor: float = 1.0) -> int:
@@ -108,6 +116,7 @@ def test_no_match_and_caps():
 
 def test_expected_len_and_best_length():
     assert expected_len(1.0, 1.0, 5) == 6.0
+    assert (expected_len(0.5, 1.0, 4), expected_len(1.0, 0.5, 2), expected_len(0.9, 0.9, 0)) == (3.0, 2.5, 1.0)
     flat = lambda k: 1.0 + 0.01 * k  # noqa: E731 - a GPU-like flat verify cost: long drafts pay early
     steep = lambda k: 1.0 + 0.5 * k  # noqa: E731 - every row costs half a decode: only sure drafts pay
     assert best_length(0.9, 0.95, 32, flat) == 32

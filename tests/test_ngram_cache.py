@@ -16,14 +16,19 @@ from llamaspec.drafters.ngram_cache import (
     cache_to_bytes,
     cache_update,
     load_cache,
-    make_key,
     merge_cache,
     save_cache,
 )
 from llamaspec.errors import UsageError
 from llamaspec.params import NgramCacheParams
 
-K = make_key
+
+
+def K(tokens) -> tuple:
+    """The 4-slot key of an n-gram of 1..4 tokens (unused slots -1)."""
+    t = tuple(int(x) for x in tokens)
+    assert 1 <= len(t) <= 4
+    return t + (-1,) * (4 - len(t))
 
 
 # ------------------------------------------------------------------------------------ literal reference

@@ -11,12 +11,16 @@ from llamaspec.errors import UsageError
 from llamaspec.synth import (
     Mt19937Uniform,
     conditional_probs,
-    mean_acceptance_length,
     parse_synth_len,
     parse_synth_rates,
     resolve_synth_rates,
     synth_accept,
 )
+
+
+def mean_acceptance_length(rates) -> float:
+    """Expected tokens per round, target token included."""
+    return 1.0 + float(sum(rates))
 
 
 def test_doctests():

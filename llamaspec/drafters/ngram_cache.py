@@ -51,7 +51,7 @@ from .ngram_cache_io import KEY_SLOTS, Cache, cache_from_bytes, cache_to_bytes, 
 
 __all__ = ["LAX_MIN_PERCENT", "LAX_MIN_SAMPLE", "NGRAM_MAX", "NGRAM_MIN", "NGRAM_STATIC", "N_DRAFT", "STRICT_MIN_PERCENT",
            "STRICT_MIN_SAMPLE", "Cache", "Key", "NgramCache", "build_cache", "cache_draft", "cache_from_bytes",
-           "cache_stats", "cache_to_bytes", "cache_update", "load_cache", "make_key", "merge_cache", "save_cache"]
+           "cache_stats", "cache_to_bytes", "cache_update", "load_cache", "merge_cache", "save_cache"]
 
 NGRAM_MIN = 1
 NGRAM_MAX = KEY_SLOTS  # 4
@@ -67,18 +67,6 @@ STRICT_MIN_PERCENT = (75, 66, 66, 66)
 Key = tuple  # (int, int, int, int), unused slots -1
 
 _PADS = {s: (-1,) * (NGRAM_MAX - s) for s in range(NGRAM_MAX + 1)}
-
-
-def make_key(tokens: Sequence[int]) -> Key:
-    """The 4-slot key of an n-gram of 1..4 tokens (unused slots -1).
-
-    >>> make_key([5, 6])
-    (5, 6, -1, -1)
-    """
-    t = tuple(int(x) for x in tokens)
-    if not 1 <= len(t) <= NGRAM_MAX:
-        raise ValueError(f"an n-gram key has 1..{NGRAM_MAX} tokens, got {len(t)}")
-    return t + _PADS[len(t)]
 
 
 def cache_update(
@@ -211,25 +199,20 @@ def _try_static(part_s: dict) -> int | None:
     return best_tok
 
 
-def cache_draft(inp: Sequence[int], n_draft: int, context: Cache, dynamic: Cache, static: Cache) -> list[int]:
-    """Up to ``n_draft`` tokens continuing ``inp`` (``inp`` = history + ``id_last``), without ``id_last``.
+def cache_draft(inp: Sequence[int], n_draft: int, context: Cache, dynamic: Cache, static: Cache,
+                n_inp: int | None = None) -> list[int]:
+    """Up to ``n_draft`` tokens continuing ``inp`` (``inp`` = history + ``id_last``), without ``id_last``. Only its
+    last 4 tokens and its length are read: ``inp`` may be just those, ``n_inp`` the whole length. Candidate
+    sizes larger than the sequence are skipped (llama.cpp reads out of bounds there).
 
     >>> ctx = {}; cache_update(ctx, [4, 5, 6, 4, 5, 6], 6)
     >>> cache_draft([4, 5], 3, ctx, {}, {})
     [6, 4, 5]
     """
-    n_inp = len(inp)
-    return _draft_from_tail(tail_list(inp, max(0, n_inp - NGRAM_MAX)), n_inp, n_draft, context, dynamic, static)
-
-
-def _draft_from_tail(tail: list[int], n_inp: int, n_draft: int, context: Cache, dynamic: Cache,
-                     static: Cache) -> list[int]:
-    """:func:`cache_draft` given only the last <= 4 tokens of ``inp`` and its full length ``n_inp`` (only
-    those are ever looked at). Candidate sizes larger than the sequence are skipped (llama.cpp reads
-    out of bounds there)."""
+    n_inp = len(inp) if n_inp is None else n_inp
     if n_inp < 2:
         return []
-    tail = list(tail)
+    tail = tail_list(inp, max(0, len(inp) - NGRAM_MAX))
     out: list[int] = []
     empty: dict = {}
     while len(out) < n_draft:
@@ -324,4 +307,4 @@ class NgramCache(Drafter):
             self._update_context(seq_id, prompt, id_last)
         # inp = prompt + [id_last]; drafting only looks at its last 4 tokens and its length
         tail = tail_list(prompt, max(0, L - NGRAM_MAX + 1)) + [id_last]
-        return _draft_from_tail(tail, L + 1, N_DRAFT, self.context[seq_id], self.dynamic, self.static)
+        return cache_draft(tail, N_DRAFT, self.context[seq_id], self.dynamic, self.static, n_inp=L + 1)

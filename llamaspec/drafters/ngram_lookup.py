@@ -57,7 +57,7 @@ from .base import DraftParams, Drafter
 from .ngram_pool import PoolDrafting, SharedPool
 from .ngram_rates import PRIOR_DECAY, PRIOR_WEIGHT, BucketRates, Calibration, shared_cost_table
 
-__all__ = ["NgramLookup", "NgramLookupParams", "best_length_table", "expected_len", "default_verify_cost"]
+__all__ = ["NgramLookup", "NgramLookupParams", "best_length_table", "default_verify_cost"]
 
 #: upper bounds of the match-length buckets (a match of length m is in the first bucket with m <= bound)
 BUCKETS = (1, 2, 3, 5, 8, 15, MATCH_CAP)
@@ -76,21 +76,9 @@ def _bucket(m: int) -> int:
     return min(bisect.bisect_left(BUCKETS, m), len(BUCKETS) - 1)
 
 
-def expected_len(p1: float, q: float, k: int) -> float:
-    """``E(k) = 1 + p1 (1 + q + ... + q^(k-1))``, tokens per round with a draft of k tokens.
-
-    >>> expected_len(0.5, 1.0, 4), expected_len(1.0, 0.5, 2), expected_len(0.9, 0.9, 0)
-    (3.0, 2.5, 1.0)
-    """
-    if k <= 0:
-        return 1.0
-    if q >= 1.0:
-        return 1.0 + p1 * k
-    return 1.0 + p1 * (1.0 - q ** k) / (1.0 - q)
-
-
 def best_length_table(p1: float, q: float, vt: Sequence[float], k_max: int, floor: float = 1.0) -> int:
-    """The draft length in ``0..k_max`` with the most expected tokens (:func:`expected_len`) per unit of cost
+    """The draft length in ``0..k_max`` with the most expected tokens ``E(k) = 1 + p1 (1 + q + ... + q^(k-1))`` per
+    unit of cost
     ``vt[k]`` (the cost of verifying ``k + 1`` rows; 0: do not draft); a draft must beat ``floor`` tokens per
     unit (1 = a plain step; more when another drafter does better).
 
