@@ -162,6 +162,13 @@ class DraftLengthController:
         self.trials = [0.0] * k_max
         self.accepts = [0.0] * k_max
 
+    @classmethod
+    def after(cls, k_max: int, n_accepted: int, n_drafted: int) -> "DraftLengthController":
+        """A new request's controller: its prior is the acceptance so far (``n_accepted`` of ``n_drafted``, once
+        there are 32 drafted tokens; 0.7 before), kept within 0.05..0.98."""
+        prior = n_accepted / n_drafted if n_drafted >= 32 else 0.7
+        return cls(k_max, prior_rate=min(max(prior, 0.05), 0.98))
+
     def rates(self) -> list[float]:
         """``a_i`` per position: the position's own counts, shrunk toward the estimate of the position before
         it (the first toward ``prior_rate``). A position never drafted yet takes its predecessor's rate, so

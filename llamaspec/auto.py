@@ -186,8 +186,7 @@ class GatedDrafter(Drafter):
         self.gates[seq_id] = SlotGate(self.gate.backoff)
         if self.adaptive:  # a new request starts from the drafter's acceptance so far
             st = self.inner.stats
-            prior = st.n_acc_tokens / st.n_gen_tokens if st.n_gen_tokens >= 32 else 0.7
-            self.lengths[seq_id] = DraftLengthController(max(1, self.inner.n_max), prior_rate=min(max(prior, 0.05), 0.98))
+            self.lengths[seq_id] = DraftLengthController.after(max(1, self.inner.n_max), st.n_acc_tokens, st.n_gen_tokens)
 
     def _length(self, seq_id: int, dp: DraftParams) -> int:
         """This round's draft length for ``seq_id`` (``dp.n_max`` unless adaptive)."""

@@ -105,8 +105,7 @@ class DraftBudget:
         """A new request's length controller: it starts from the engine-wide acceptance so far."""
         if self.cost_model is None:
             return None
-        prior = totals.n_accepted / totals.n_drafted if totals.n_drafted >= 32 else 0.7
-        return DraftLengthController(self.n_max, prior_rate=min(max(prior, 0.05), 0.98))
+        return DraftLengthController.after(self.n_max, totals.n_accepted, totals.n_drafted)
 
     def cap(self, s: "Slot") -> int:
         """The most tokens ``s`` may draft now (module docstring)."""
