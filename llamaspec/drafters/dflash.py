@@ -145,10 +145,7 @@ class DFlash(ModelDrafter):
             beg[s] = len(rows)
             for i in range(n_block):
                 rows.append(llama.Row(dp.id_last if i == 0 else self.mask_token, dp.pos0 + i, s, out))
-        try:
-            ctx.decode(rows)
-        except DecodeError as e:
-            log.warning("%s: draft decode failed: %s", self.type, e)
+        if not self._logged("draft decode", lambda: ctx.decode(rows)):
             return
         n_rows = len(rows)
         for s in active:

@@ -170,6 +170,15 @@ class ModelDrafter(Drafter):
             active, i = still, i + 1
         return n_steps
 
+    def _logged(self, what: str, decode: Callable[[], object], level: int = logging.WARNING) -> bool:
+        """``decode()``; a :class:`DecodeError` is logged (``<type>: <what> failed: ...``) and gives False."""
+        try:
+            decode()
+        except DecodeError as e:
+            log.log(level, "%s: %s failed: %s", self.type, what, e)
+            return False
+        return True
+
     def _drop_short(self, params: Sequence[DraftParams], seqs: Sequence[int], n_min: int | None = None) -> None:
         """``n_min`` (the request's, else ``n_min``, else the drafter's own) over the drafts of ``seqs``."""
         for s in seqs:
@@ -324,12 +333,8 @@ class DraftSimple(ModelDrafter):
         mirrored = self._dft_rows([r for r in rows if r.token is not None], out_last=True)
         if not mirrored:
             return True
-        try:
-            self._decode_chunks(mirrored)
-        except DecodeError as e:
-            log.error("draft-simple: mirroring a target batch into the draft context failed: %s", e)
-            return False
-        return True
+        return self._logged("mirroring a target batch into the draft context", lambda: self._decode_chunks(mirrored),
+                            logging.ERROR)
 
     def _decode_step(self, rows: list[llama.Row]) -> bool:
         """One drafting decode of target-id ``rows``; with ``reuse_kv`` remember what now sits in the draft
@@ -368,12 +373,7 @@ class DraftSimple(ModelDrafter):
             dp = params[s]
             p = self.mem.pos_max(s) + 1
             rows.extend(llama.Row(t, p + j, s, False) for j, t in enumerate(dp.prompt[p:dp.pos0]))
-        try:
-            self._decode_chunks(self._dft_rows(rows))
-        except DecodeError as e:
-            log.warning("draft-simple: catching the draft context up failed: %s", e)
-            return False
-        return True
+        return self._logged("catching the draft context up", lambda: self._decode_chunks(self._dft_rows(rows)))
 
     def draft(self, params: Sequence[DraftParams]) -> None:
         ctx = self.ctx_dft

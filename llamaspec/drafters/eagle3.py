@@ -249,13 +249,11 @@ class Eagle3(ModelDrafter):
             self.verify_rows[seq] = end - beg + 1
             self.verify_g[seq] = g[beg:end + 1].copy()
             self.pending_g[seq] = g[end].copy()
-        try:
+        def decode() -> None:
             for chunk in llama.chunks(out, self.ctx_dft.n_batch):
                 self.ctx_dft.decode(chunk)
-        except DecodeError as e:
-            log.error("draft-eagle3: decoding the target batch into the draft context failed: %s", e)
-            return False
-        return True
+
+        return self._logged("decoding the target batch into the draft context", decode, logging.ERROR)
 
     def draft(self, params: Sequence[DraftParams]) -> None:
         ctx = self.ctx_dft
@@ -268,14 +266,6 @@ class Eagle3(ModelDrafter):
             self.mem.trim(s, self.pending_pos[s])
             rows.append(llama.Row(params[s].id_last, self.pending_pos[s], s, True, embd=self.pending_g[s]))
 
-        def decode(rows: list[llama.Row]) -> bool:
-            try:
-                ctx.decode(rows)
-            except DecodeError as e:
-                log.warning("draft-eagle3: draft decode failed: %s", e)
-                return False
-            return True
-
         def pick(k: int, s: int, dp: DraftParams) -> tuple[int, float]:
             return top_candidate(ctx.logits(k), dp.p_min_or(self.params.p_min) > 0.0, self._suppress)
 
@@ -284,7 +274,8 @@ class Eagle3(ModelDrafter):
             prenorm = ext.get_embeddings_nextn_ith(ctx, k, self.n_embd_dec)
             return llama.Row(tok, self.pending_pos[s] + i + 1, s, True, embd=prenorm)
 
-        self._draft_steps(params, active, rows, pick, next_row, decode)
+        self._draft_steps(params, active, rows, pick, next_row,
+                          lambda rows: self._logged("draft decode", lambda: ctx.decode(rows)))
         self._drop_short(params, requested)
 
     def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
