@@ -10,37 +10,18 @@ from . import formats
 from .respond import Renderer
 from .parsing import SAMPLER_FIELDS, Defaults, GenParams
 from .probs import ProbsRender
-from .tools import ToolSpec, ToolStream, parse_output
-from .chat_format import ChatFormat, FenceStream
+from .tools import ToolStream, parse_output
+from .chat_format import FenceStream
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
     from ..request import Request
-    from .state import ServerState
 
 SYSTEM_FINGERPRINT = f"llamaspec-{__version__}"
-
-def _timings(state: "ServerState", st) -> dict:
-    eng = state.engine
-    return formats.timings(st, speculative=eng is not None and eng.chain is not None)
 
 
 def _slot_id(req: "Request") -> int:
     return req.slot.id if req.slot is not None else -1
-
-
-def _progress(state: "ServerState", gen: GenParams, ch) -> dict:
-    """``prompt_progress`` (and ``timings`` with ``timings_per_token``) of a progress chunk."""
-    eng = state.engine
-    return formats.progress_fields(ch.progress, with_timings=gen.timings_per_token,
-                                   speculative=eng is not None and eng.chain is not None)
-
-
-def _probs_render(state: "ServerState", gen: GenParams) -> ProbsRender | None:
-    """The token-probability renderer of a request that asked for them (None: it did not)."""
-    probs = gen.options.probs
-    eng = state.engine
-    return ProbsRender(eng.vocab, probs.post_sampling) if probs is not None and eng is not None else None
 
 
 def _events(pr: ProbsRender | None, i: int, ch):
@@ -53,34 +34,53 @@ def _events(pr: ProbsRender | None, i: int, ch):
 
 
 class _OpenAIBase(Renderer):
-    object_chunk = ""
+    """What OpenAI's completions and chat share: the ids, ``__verbose``, the usage chunk, the whole answer."""
 
-    def __init__(self, state: ServerState, gen: GenParams, model: str, prefix: str, *, verbose: bool = False):
-        self.state, self.gen, self.model = state, gen, model
-        self.probs = _probs_render(state, gen)
-        self.id = formats.new_id(prefix)
+    prefix = whole_object = chunk_object = ""
+
+    def __init__(self, served):
+        super().__init__(served)
+        self.id = formats.new_id(self.prefix)
         self.created = formats.now()
-        #: the request's ``verbose`` (default: the server's ``--verbose``): llama-server's ``__verbose`` object,
-        #: the native ``/completion`` answer (its ``prompt`` is the text the model saw)
-        self.verbose = verbose
 
     def with_verbose(self, d: dict, req) -> dict:
-        if self.verbose:
-            d["__verbose"] = NativeRenderer(self.state, self.gen, self.model).final(0, req, stream=False)
+        """The request's ``verbose`` (default: the server's ``--verbose``): llama-server's ``__verbose`` object,
+        the native ``/completion`` answer (its ``prompt`` is the text the model saw)."""
+        if self.served.verbose:
+            d["__verbose"] = NativeRenderer(self.served).final(0, req, stream=False)
         return d
 
     def head(self, obj: str) -> dict:
         return {"created": self.created, "id": self.id, "model": self.model, "system_fingerprint": SYSTEM_FINGERPRINT,
                 "object": obj}
 
+    def stream_tail(self, reqs):
+        if self.gen.include_usage:
+            stats = [r.stats for r in reqs]
+            yield {"choices": [], **self.head(self.chunk_object), "usage": formats.usage(stats),
+                   "timings": self.timings(formats.merged(stats))}
+
+    def _choice(self, i: int, r) -> dict:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def whole(self, reqs):
+        stats = [r.stats for r in reqs]
+        return self.with_verbose({
+            "choices": [self._choice(i, r) for i, r in enumerate(reqs)],
+            **self.head(self.whole_object), "usage": formats.usage(stats),
+            "timings": self.timings(formats.merged(stats))}, reqs[0])
+
 
 class CompletionRenderer(_OpenAIBase):
     """``/v1/completions``: ``text_completion`` objects."""
 
+    prefix, whole_object = "cmpl", "text_completion"
+    chunk_object = whole_object
+
     def stream_chunk(self, i, req, ch):
         if getattr(ch, "progress", None) is not None:
             yield {"choices": [{"text": "", "index": i, "logprobs": None, "finish_reason": None}],
-                   **self.head("text_completion"), **_progress(self.state, self.gen, ch)}
+                   **self.head("text_completion"), **self.progress(ch)}
             return
         for text, entries, _ in _events(self.probs, i, ch):
             if not text and not entries:
@@ -89,42 +89,32 @@ class CompletionRenderer(_OpenAIBase):
             d = {"choices": [{"text": text, "index": i, "logprobs": lp, "finish_reason": None}],
                  **self.head("text_completion")}
             if self.gen.timings_per_token:
-                d["timings"] = _timings(self.state, req.stats)
+                d["timings"] = self.timings(req.stats)
             yield d
 
     def stream_finish(self, i, req):
         yield self.with_verbose({"choices": [{"text": "", "index": i, "logprobs": None,
                                               "finish_reason": formats.finish_reason(req.finish_reason)}],
                                  **self.head("text_completion"), "usage": formats.usage([req.stats]),
-                                 "timings": _timings(self.state, req.stats)}, req)
+                                 "timings": self.timings(req.stats)}, req)
 
-    def stream_tail(self, reqs):
-        if self.gen.include_usage:
-            stats = [r.stats for r in reqs]
-            yield {"choices": [], **self.head("text_completion"), "usage": formats.usage(stats),
-                   "timings": _timings(self.state, formats.merged(stats))}
-
-    def whole(self, reqs):
-        stats = [r.stats for r in reqs]
-        return self.with_verbose({
-            "choices": [{"text": r.text, "index": i, "finish_reason": formats.finish_reason(r.finish_reason),
-                         "logprobs": self.probs.completion_logprobs(r.token_probs, i) if self.probs else None}
-                        for i, r in enumerate(reqs)],
-            **self.head("text_completion"), "usage": formats.usage(stats),
-            "timings": _timings(self.state, formats.merged(stats))}, reqs[0])
+    def _choice(self, i, r):
+        return {"text": r.text, "index": i, "finish_reason": formats.finish_reason(r.finish_reason),
+                "logprobs": self.probs.completion_logprobs(r.token_probs, i) if self.probs else None}
 
 
 class ChatRenderer(_OpenAIBase):
     """``/v1/chat/completions``: ``chat.completion`` objects and ``chat.completion.chunk`` deltas."""
 
-    def __init__(self, *a, tools: ToolSpec | None = None, fmt: ChatFormat | None = None, **kw):
-        super().__init__(*a, **kw)
+    prefix, whole_object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
+
+    def __init__(self, served):
+        super().__init__(served)
         self._started: set[int] = set()
         #: the request's JSON schema on the Jinja path: the content is the JSON, a fence parsed away
         #: (server/chat_format.py, one parser per choice); its output is not parsed into calls, as llama-server's
-        self.fmt, self._fences = fmt, {}
-        #: the request's tools when the output is parsed into calls (server/tools.py), one parser per choice
-        self.tools = tools if tools is not None and tools.parse and fmt is None else None
+        self.fmt, self._fences = served.fmt, {}
+        #: one tool-call parser per choice (server/tools.py)
         self._streams: dict[int, ToolStream] = {}
         self._n_calls: dict[int, int] = {}
 
@@ -153,7 +143,7 @@ class ChatRenderer(_OpenAIBase):
     def stream_chunk(self, i, req, ch):
         if getattr(ch, "progress", None) is not None:  # llama-server: a role delta with the progress
             yield {"choices": [{"finish_reason": None, "index": i, "delta": {"role": "assistant", "content": None}}],
-                   **self.head("chat.completion.chunk"), **_progress(self.state, self.gen, ch)}
+                   **self.head("chat.completion.chunk"), **self.progress(ch)}
             return
         yield from self._role(i)
         for text, entries, tokens in _events(self.probs, i, ch):
@@ -176,7 +166,7 @@ class ChatRenderer(_OpenAIBase):
             if entries is not None:
                 d["choices"][0]["logprobs"] = {"content": self.probs.content(entries)}
             if self.gen.timings_per_token:
-                d["timings"] = _timings(self.state, req.stats)
+                d["timings"] = self.timings(req.stats)
             yield d
 
     def stream_finish(self, i, req):
@@ -192,21 +182,7 @@ class ChatRenderer(_OpenAIBase):
             yield self._delta(i, {"content": rest})
         yield self.with_verbose({"choices": [{"finish_reason": reason, "index": i,
                                               "delta": {}}],
-                                 **self.head("chat.completion.chunk"), "timings": _timings(self.state, req.stats)}, req)
-
-    def stream_tail(self, reqs):
-        if self.gen.include_usage:
-            stats = [r.stats for r in reqs]
-            yield {"choices": [], **self.head("chat.completion.chunk"), "usage": formats.usage(stats),
-                   "timings": _timings(self.state, formats.merged(stats))}
-
-    def whole(self, reqs):
-        stats = [r.stats for r in reqs]
-        return self.with_verbose({
-            "choices": [self._choice(i, r) for i, r in enumerate(reqs)],
-            **self.head("chat.completion"), "usage": formats.usage(stats),
-            "timings": _timings(self.state, formats.merged(stats))}, reqs[0])
-
+                                 **self.head("chat.completion.chunk"), "timings": self.timings(req.stats)}, req)
 
     def _choice(self, i: int, r) -> dict:
         c = {"finish_reason": formats.finish_reason(r.finish_reason), "index": i,
@@ -224,17 +200,11 @@ class ChatRenderer(_OpenAIBase):
 class NativeRenderer(Renderer):
     """llama.cpp's ``/completion``: ``content`` chunks, a final object with ``stop: true``, no ``[DONE]``."""
 
-    openai = False
-
-    def __init__(self, state: ServerState, gen: GenParams, model: str):
-        self.state, self.gen, self.model = state, gen, model
-        self.probs = _probs_render(state, gen)
-
     def stream_chunk(self, i, req, ch):
         if getattr(ch, "progress", None) is not None:
             yield {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": _slot_id(req),
                    "tokens_predicted": 0, "tokens_evaluated": len(req.prompt_tokens),
-                   **_progress(self.state, self.gen, ch)}
+                   **self.progress(ch)}
             return
         for text, entries, tokens in _events(self.probs, i, ch):
             if not text and not entries and not (self.gen.return_tokens and tokens):
@@ -245,22 +215,21 @@ class NativeRenderer(Renderer):
             if entries:
                 d["completion_probabilities"] = self.probs.content(entries)
             if self.gen.timings_per_token:
-                d["timings"] = _timings(self.state, req.stats)
+                d["timings"] = self.timings(req.stats)
             yield d
 
     def final(self, i, req, *, stream: bool) -> dict:
-        eng = self.state.engine
-        st = req.stats
+        st, settings = req.stats, self.served.settings()  # (None: the engine is gone, its vocabulary with it)
         d = {
             "index": i, "content": "" if stream else req.text,
             "tokens": _tokens(req) if self.gen.return_tokens and not stream else [],
             "id_slot": _slot_id(req), "stop": True, "model": self.model,
             "tokens_predicted": formats.n_predicted(st), "tokens_evaluated": st.n_prompt,
-            "generation_settings": generation_settings(eng, self.gen, self.state.config.defaults, self.model) if eng else {},
-            "prompt": eng.vocab.detokenize(req.prompt_tokens, unparse_special=True) if eng else "",
+            "generation_settings": settings if settings is not None else {},
+            "prompt": self.served.vocab.detokenize(req.prompt_tokens, unparse_special=True) if settings is not None else "",
             "has_new_line": "\n" in req.text, "truncated": req.truncated,
             "stop_type": req.stop_type or "none", "stopping_word": req.stopping_word, "tokens_cached": len(req.prompt_tokens) + len(req.tokens),
-            "timings": _timings(self.state, st),
+            "timings": self.timings(st),
         }
         if self.probs is not None and not stream:
             d["completion_probabilities"] = self.probs.content(req.token_probs)
