@@ -32,11 +32,13 @@ from ..errors import UsageError
 from ..options import RequestOptions, Shift, TextLimits
 from ..params import RequestSpec
 from . import cancel
+from .chat_format import ChatFormat, chat_format, constrained_grammar
 from .constraints import JSON_GRAMMAR, parse_grammar, parse_logit_bias
-from .errors import exceed_context, invalid
+from .errors import invalid
 from .limits import Limits, check_chars, check_generations, over, parse_json
 from .probs import parse_probs
-from .tools import message_extras
+from .tenant import current_tenant
+from .tools import ToolSpec, message_extras, parse_tools
 
 __all__ = ["Body", "Defaults", "GenParams", "parse_json", "parse_gen_params", "parse_prompts", "parse_messages",
            "parse_speculative", "JSON_GRAMMAR"]
@@ -59,9 +61,6 @@ SAMPLER_FIELDS = {"typical_p": ("typ_p", float, None, None), "mirostat": ("miros
                   "top_n_sigma": ("top_n_sigma", float, None, None), "min_keep": ("min_keep", int, 0, I32_MAX),
                   "adaptive_target": ("adaptive_target", float, None, 1.0),
                   "adaptive_decay": ("adaptive_decay", float, 0.0, 0.99)}
-#: llama-server fields that do not change the tokens llamaspec samples: accepted and checked
-#: (none left: ``n_keep`` / ``n_discard`` are the context shift's, GenParams)
-IGNORED: dict = {}
 
 
 def _show(v: Any) -> str:
@@ -171,10 +170,10 @@ class GenParams:
     include_usage: bool = False
     timings_per_token: bool = False
     return_tokens: bool = False
-    #: a stream reports the prompt's progress (llama-server's ``prompt_progress`` chunks)
-    return_progress: bool = False
     n_cmpl: int = 1
-    extra: dict = field(default_factory=dict)
+    #: a chat request's tools and the JSON schema of the Jinja chat path (how its output reads)
+    tools: ToolSpec | None = None
+    fmt: ChatFormat | None = None
 
     @property
     def sampling(self) -> llama.SamplingParams:
@@ -238,16 +237,6 @@ def _repeat_last_n(b: Body, defaults: Defaults, n_ctx: int | None) -> int:
     return hi if n == -1 and n_ctx is not None else n
 
 
-def _unsupported(b: Body, tools_ok: bool) -> None:
-    """Known llama-server / OpenAI fields that would change the output and that llamaspec does not do:
-    refused, so that nobody gets a silently different answer. Their neutral values are accepted."""
-    tools = b.data.get("tools")
-    if tools not in (None, []) and not tools_ok:
-        raise invalid("Field 'tools': tool calls are only supported on /v1/chat/completions")
-    for name, (kind, lo, hi) in IGNORED.items():
-        (b.int if kind is int else b.float)(name, None, lo=lo, hi=hi)
-
-
 def _sampler_fields(b: Body, defaults: Defaults) -> dict:
     """llama-server's other samplers (mirostat, DRY, XTC, typical, top-n-sigma, dynamic temperature,
     adaptive-p, ``samplers``, ``dry_sequence_breakers``) as SamplingParams keyword arguments, over the
@@ -279,12 +268,17 @@ def _sampler_fields(b: Body, defaults: Defaults) -> dict:
 
 def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
                      limits: Limits | None = None, tokenize: Callable[[str], list] | None = None,
-                     tools_ok: bool = False) -> GenParams:
+                     chat: bool = False, jinja: bool = False) -> GenParams:
     """Sampling, length, stop, streaming and slot fields of a completion or chat request (``n_ctx``: the
     slot's context, the bound of ``repeat_last_n``; ``tokenize``: text -> token ids without BOS, for the
-    text keys of ``logit_bias``; ``tools_ok``: the route takes ``tools``, server/tools.py)."""
+    text keys of ``logit_bias``; ``chat``: a chat request, whose ``tools`` (server/tools.py) and, when the server
+    renders with Jinja (``jinja``), JSON schema (server/chat_format.py) are read first and constrain the output)."""
     limits = limits or Limits()
-    _unsupported(b, tools_ok)
+    tools = fmt = None
+    if chat:
+        tools, fmt = parse_tools(b.data), chat_format(b, jinja)
+    elif b.data.get("tools") not in (None, []):
+        raise invalid("Field 'tools': tool calls are only supported on /v1/chat/completions")
     n_predict = b.int("n_predict", defaults.n_predict, aliases=("max_completion_tokens", "max_tokens"), lo=-1)
     temp = b.float("temperature", defaults.temp)
     top_k = b.int("top_k", defaults.top_k)
@@ -319,16 +313,14 @@ def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
         n_predict=n_predict, sampling=sampling, stop=tuple(_stop(b, limits)), speculative=parse_speculative(b),
         id_slot=b.int("id_slot", -1, lo=-1), cache_prompt=b.bool("cache_prompt", True), probs=parse_probs(b),
         shift=Shift(b.int("n_keep", 0, lo=-1, hi=I32_MAX), b.int("n_discard", 0, lo=0, hi=I32_MAX)),
-        text=TextLimits(**text), progress=return_progress and stream)
-    return GenParams(
-        options=options,
-        stream=stream,
-        include_usage=bool(include_usage),
-        timings_per_token=b.bool("timings_per_token", False),
-        return_tokens=b.bool("return_tokens", False),
-        return_progress=return_progress,
-        n_cmpl=b.int("n", 1, aliases=("n_cmpl",), lo=1, hi=MAX_N_CMPL),
-    )
+        text=TextLimits(**text), progress=return_progress and stream, owner=current_tenant())
+    gen = GenParams(options=options, stream=stream, include_usage=bool(include_usage),
+                    timings_per_token=b.bool("timings_per_token", False), return_tokens=b.bool("return_tokens", False),
+                    n_cmpl=b.int("n", 1, aliases=("n_cmpl",), lo=1, hi=MAX_N_CMPL), tools=tools, fmt=fmt)
+    grammar = constrained_grammar(sampling.grammar, tools, fmt, limits.max_grammar_alternatives)
+    if grammar is not None:  # a forced tool call's, or the Jinja chat grammar of a JSON schema
+        gen.with_grammar(grammar)
+    return gen
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -380,11 +372,12 @@ def _tokens(parts: list, tokenize: Tokenize) -> list[int]:
     return out
 
 
-def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt", limits: Limits | None = None, n_cmpl: int = 1,
-                  n_ctx: int | None = None) -> list[list[int]]:
+def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt", limits: Limits | None = None,
+                  n_cmpl: int = 1) -> list[list[int]]:
     """The prompt(s) of a completion request as token lists. One prompt: a string, a list of ids, a mixed
-    list, or an object ``{"prompt_string": ...}``; several prompts: a list of those (each becomes a choice). The limits (prompts x ``n_cmpl``,
-    characters; token lists against ``n_ctx``) are checked before anything is tokenised."""
+    list, or an object ``{"prompt_string": ...}``; several prompts: a list of those (each becomes a choice).
+    The limits (prompts x ``n_cmpl``, characters) are checked before anything is tokenised; the context, once
+    the prompts are tokens (:func:`llamaspec.server.pipeline.submit`)."""
     limits = limits or Limits()
     k, v = b.get(key)
     if v is None:
@@ -399,11 +392,6 @@ def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt", limits: L
         raise invalid(f"Field '{k}': expected a string, a list or an object {{\"prompt_string\": ...}}, got {_show(v)}")
     check_generations(len(checked), n_cmpl, limits)
     check_chars(k, sum(n for _, n in checked), limits)
-    if n_ctx is not None:
-        for parts, _ in checked:
-            n_ids = sum(1 for x in parts if not isinstance(x, str))
-            if n_ids >= n_ctx:
-                raise exceed_context(n_ids, n_ctx)
     return [_tokens(parts, tokenize) for parts, _ in checked]
 
 

@@ -6,42 +6,37 @@ A row of :data:`ROUTES` (:class:`GenerationRoute`) says how a route reads its pr
 renderer and its stream's end), whether it reads a chat request (``tools``, the JSON schema of the Jinja chat
 path) and whether it gives more than one answer. Every request then goes one way: its body
 (:func:`read_json`), its fields (``parse_gen_params``; a chat request's tools and schema, each parsed once), its
-prompts tokenised (:func:`tokenize_prompt`), :func:`submit` (the one check of the prompts against the slot's
+prompts tokenised (:func:`~llamaspec.server.prompt_bound.tokenize`), :func:`submit` (the one check of the prompts against the slot's
 context, the limits, the engine requests), and the route's renderer answers
 (:class:`~llamaspec.server.respond.GenerationResponse`). The parsing, tokenising and submitting run in a worker
 thread, or on the event loop for a small request (:func:`_inline`).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from starlette.requests import Request as HttpRequest
 from starlette.routing import Route
 
-from . import cancel
-from .chat_format import ChatFormat, chat_format, constrained_grammar
 from .chat_prompt import chat_prompt
 from .errors import api_error, exceed_context, invalid
 from .infill import infill_parts, infill_prompt, require_fim
 from .jobs import JobGroup, in_worker
 from .limits import Limits, check_generations, parse_json, read_body
 from .parsing import Body, GenParams, parse_gen_params, parse_messages, parse_prompts
-from .prompt_bound import check_prompt
+from .prompt_bound import tokenize
 from .render import ChatRenderer, CompletionRenderer, NativeRenderer, generation_settings
 from .respond import GenerationResponse, Renderer, Served
 from .responses import ResponsesRenderer, to_chat
 from .state import ServerState
-from .tenant import current_tenant
-from .tools import ToolSpec, parse_tools
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
     from ..request import Request
 
-__all__ = ["GenerationRoute", "Job", "ROUTES", "generate", "routes", "read_json", "state_of", "submit",
-           "tokenize_prompt"]
+__all__ = ["GenerationRoute", "Job", "ROUTES", "generate", "routes", "read_json", "state_of", "submit"]
 
 
 def state_of(request: HttpRequest) -> ServerState:
@@ -67,8 +62,6 @@ class Job:
     eng: "Engine"
     b: Body
     gen: GenParams | None = None
-    tools: ToolSpec | None = None
-    fmt: ChatFormat | None = None
     verbose: bool = False
     checked: Any = None
     group: JobGroup | None = None
@@ -155,17 +148,12 @@ def _prepare(route: GenerationRoute, job: Job) -> None:
             raise invalid(f"Field '{key}': {route.one_answer} gives one answer per request")
     if route.verbose:
         job.verbose = _verbose(b, state)
-    if route.chat:  # the template, the grammar and the renderer read these
-        job.tools, job.fmt = parse_tools(b.data), chat_format(state, b)
     if route.check is not None:
         job.checked = route.check(b, limits)
-    gen = job.gen = parse_gen_params(b, state.config.defaults, n_ctx=eng.n_ctx_seq, limits=limits,
-                                     tokenize=lambda text: eng.tokenize(text, add_special=False, parse_special=False),
-                                     tools_ok=route.chat)
-    grammar = constrained_grammar(gen.sampling.grammar, job.tools, job.fmt, limits.max_grammar_alternatives)
-    if grammar is not None:  # a forced tool call's, or the Jinja chat grammar of a JSON schema
-        gen.with_grammar(grammar)
-    job.group = submit(state, route.prompts(job), gen)
+    job.gen = parse_gen_params(b, state.config.defaults, n_ctx=eng.n_ctx_seq, limits=limits,
+                               tokenize=lambda text: eng.tokenize(text, add_special=False, parse_special=False),
+                               chat=route.chat, jinja=state.chat is not None and state.chat.jinja)
+    job.group = submit(state, route.prompts(job), job.gen)
 
 
 def _served(job: Job) -> Served:
@@ -175,7 +163,7 @@ def _served(job: Job) -> Served:
     return Served(gen, model, eng.vocab, eng.chain is not None,
                   lambda: generation_settings(eng, gen, state.config.defaults, model) if state.engine is not None
                   else None,
-                  job.verbose, job.tools, job.fmt)
+                  job.verbose)
 
 
 def _verbose(b: Body, state: ServerState) -> bool:
@@ -188,23 +176,14 @@ def _verbose(b: Body, state: ServerState) -> bool:
     return v
 
 
-def tokenize_prompt(eng: "Engine", text: str, add_special: bool = True) -> list[int]:
-    """A prompt's tokens (special tokens parsed); a 400 before llama.cpp sees it when its special-token texts
-    alone are too many for the slot's context (:mod:`~llamaspec.server.prompt_bound`)."""
-    check_prompt(eng.vocab, text, eng.n_ctx_seq)
-    cancel.check()
-    return eng.tokenize(text, add_special=add_special, parse_special=True)
-
-
 def _completion_prompts(job: Job) -> list[list[int]]:
-    return parse_prompts(job.b, lambda text, add_special: tokenize_prompt(job.eng, text, add_special),
-                         limits=job.state.config.limits, n_cmpl=job.gen.n_cmpl)
+    return parse_prompts(job.b, partial(tokenize, job.eng), limits=job.state.config.limits, n_cmpl=job.gen.n_cmpl)
 
 
 def _chat_prompts(job: Job) -> list[list[int]]:
     """The messages, templated with the request's tools (server/chat_prompt.py), as one prompt."""
     messages = parse_messages(job.b, job.state.config.limits)
-    return [tokenize_prompt(job.eng, chat_prompt(job.state, job.b.data, messages, job.tools))]
+    return [tokenize(job.eng, chat_prompt(job.state, job.b.data, messages, job.gen.tools))]
 
 
 def _infill_prompts(job: Job) -> list[list[int]]:
@@ -222,14 +201,13 @@ def submit(state: ServerState, prompts: list[list[int]], gen: GenParams) -> JobG
     for toks in prompts:
         if len(toks) >= n_ctx:
             raise exceed_context(len(toks), n_ctx)
-    opts = dataclasses.replace(gen.options, owner=current_tenant())  # the API key's tenant (server/tenant.py)
     n = len(prompts) * gen.n_cmpl
     reqs: list["Request"] = []
     state.admission.reserve(n)  # 503 + Retry-After when the server is full
     try:
         for toks in prompts:
             for _ in range(gen.n_cmpl):
-                reqs.append(eng.submit(toks, opts))
+                reqs.append(eng.submit(toks, gen.options))
     except BaseException as e:
         state.admission.release(n)
         for r in reqs:
@@ -254,9 +232,4 @@ ROUTES = (
 
 def routes() -> list[Route]:
     """The Starlette routes of :data:`ROUTES`, each served by :func:`generate`."""
-    def endpoint(route: GenerationRoute):
-        async def handler(request: HttpRequest):
-            return await generate(route, request)
-        return handler
-
-    return [Route(p, endpoint(r), methods=["POST"]) for r in ROUTES for p in r.paths]
+    return [Route(p, partial(generate, r), methods=["POST"]) for r in ROUTES for p in r.paths]

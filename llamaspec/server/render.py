@@ -113,7 +113,7 @@ class ChatRenderer(_OpenAIBase):
         self._started: set[int] = set()
         #: the request's JSON schema on the Jinja path: the content is the JSON, a fence parsed away
         #: (server/chat_format.py, one parser per choice); its output is not parsed into calls, as llama-server's
-        self.fmt, self._fences = served.fmt, {}
+        self._fences: dict[int, FenceStream] = {}
         #: one tool-call parser per choice (server/tools.py)
         self._streams: dict[int, ToolStream] = {}
         self._n_calls: dict[int, int] = {}

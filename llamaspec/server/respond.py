@@ -27,9 +27,7 @@ from .probs import ProbsRender
 if TYPE_CHECKING:  # pragma: no cover
     from .._llama.vocab import Vocab
     from ..request import Request
-    from .chat_format import ChatFormat
     from .parsing import GenParams
-    from .tools import ToolSpec
 
 __all__ = ["GenerationResponse", "Renderer", "Served", "dumps", "send_json", "sse"]
 
@@ -51,8 +49,7 @@ def sse(obj: Any) -> bytes:
 class Served:
     """What a renderer reads of the request it answers (never the server's state): its fields, the model name it
     echoes, the vocabulary (token texts), whether the server speculates (``draft_n`` in ``timings``), its
-    ``generation_settings`` (None once the engine is gone), and a chat request's ``verbose``, tools and JSON
-    schema (server/chat_format.py)."""
+    ``generation_settings`` (None once the engine is gone) and ``verbose``."""
 
     gen: "GenParams"
     model: str
@@ -60,8 +57,6 @@ class Served:
     speculative: bool
     settings: Callable[[], "dict | None"]
     verbose: bool = False
-    tools: "ToolSpec | None" = None
-    fmt: "ChatFormat | None" = None
 
 
 class Renderer:
@@ -72,8 +67,8 @@ class Renderer:
         probs = served.gen.options.probs
         self.probs = ProbsRender(served.vocab, probs.post_sampling) if probs is not None else None
         #: the request's tools when its output is parsed into calls (not when its JSON schema is the output)
-        tools = served.tools
-        self.tools = tools if tools is not None and tools.parse and served.fmt is None else None
+        tools, self.fmt = self.gen.tools, self.gen.fmt
+        self.tools = tools if tools is not None and tools.parse and self.fmt is None else None
 
     def timings(self, st) -> dict:
         return formats.timings(st, speculative=self.served.speculative)

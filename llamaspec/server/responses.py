@@ -274,7 +274,6 @@ class ResponsesRenderer(Renderer):
         self.created = formats.now()
         self._stream = ToolStream(self.tools) if self.tools is not None else None
         #: a JSON schema on the Jinja path: the text is the JSON, a fence parsed away (server/chat_format.py)
-        self.fmt = served.fmt
         self._fence = FenceStream() if self.fmt is not None else None
         self._begun = False
         self._msg_index: int | None = None  # the message item's output_index once its text began
