@@ -16,6 +16,8 @@ from .chat_format import FenceStream
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
     from ..request import Request
+    from .chat_format import ChatFormat
+    from .tools import ToolSpec
 
 SYSTEM_FINGERPRINT = f"llamaspec-{__version__}"
 
@@ -31,6 +33,36 @@ def _events(pr: ProbsRender | None, i: int, ch):
         tokens = ch.tokens if ch.eog is None else ch.tokens + [ch.eog]
         return [(ch.text, None, tokens)] if ch.text or tokens else []
     return pr.events(i, ch)
+
+
+class Output:
+    """One choice's text, fed as it comes, as ``("content", text)`` and ``("call", call)`` events: through the
+    request's tool-call parser (server/tools.py), or the JSON of its schema on the Jinja path with the fence parsed
+    away (server/chat_format.py; then its output is not parsed into calls, as llama-server's); :meth:`whole` for a
+    whole output."""
+
+    def __init__(self, tools: "ToolSpec | None", fmt: "ChatFormat | None"):
+        self.tools, self.fmt = tools, fmt
+        self._calls = ToolStream(tools) if tools is not None else None
+        self._fence = FenceStream() if fmt is not None else None
+
+    def feed(self, text: str) -> list:
+        if self._fence is not None:
+            text = self._fence.feed(text)
+        if self._calls is not None:
+            return self._calls.feed(text)
+        return [("content", text)] if text else []
+
+    def finish(self) -> list:
+        if self._calls is not None:
+            return self._calls.finish()
+        rest = self._fence.finish() if self._fence is not None else ""
+        return [("content", rest)] if rest else []
+
+    def whole(self, text: str) -> tuple[str | None, list[dict]]:
+        """``(content, tool_calls)`` of a whole output."""
+        text = text if self.fmt is None else self.fmt.content(text)
+        return parse_output(text, self.tools) if self.tools is not None else (text, [])
 
 
 class _OpenAIBase(Renderer):
@@ -111,24 +143,24 @@ class ChatRenderer(_OpenAIBase):
     def __init__(self, served):
         super().__init__(served)
         self._started: set[int] = set()
-        #: the request's JSON schema on the Jinja path: the content is the JSON, a fence parsed away
-        #: (server/chat_format.py, one parser per choice); its output is not parsed into calls, as llama-server's
-        self._fences: dict[int, FenceStream] = {}
-        #: one tool-call parser per choice (server/tools.py)
-        self._streams: dict[int, ToolStream] = {}
+        self._outputs: dict[int, Output] = {}  # per choice
         self._n_calls: dict[int, int] = {}
 
-    def _tool_events(self, i: int, text: str, *, end: bool = False) -> list[dict]:
-        """The deltas of ``text`` through choice ``i``'s tool-call parser: content as it is final, each call
-        once it is complete."""
-        ts = self._streams.setdefault(i, ToolStream(self.tools))
+    def _deltas(self, i: int, events: list) -> list[dict]:
+        """Choice ``i``'s output events as deltas: content as it is final, each call once it is complete."""
         out = []
-        for kind, v in ts.feed(text) + (ts.finish() if end else []):
+        for kind, v in events:
             if kind == "content":
                 out.append({"content": v})
             else:
                 k = self._n_calls[i] = self._n_calls.get(i, 0) + 1
                 out.append({"tool_calls": [{"index": k - 1, **v}]})
+        return out
+
+    def _output(self, i: int) -> Output:
+        out = self._outputs.get(i)
+        if out is None:
+            out = self._outputs[i] = Output(self.tools, self.fmt)
         return out
 
     def _delta(self, i: int, delta: dict) -> dict:
@@ -137,61 +169,40 @@ class ChatRenderer(_OpenAIBase):
     def _role(self, i):
         if i not in self._started:
             self._started.add(i)
-            yield {"choices": [{"finish_reason": None, "index": i, "delta": {"role": "assistant", "content": None}}],
-                   **self.head("chat.completion.chunk")}
+            yield self._delta(i, {"role": "assistant", "content": None})
 
     def stream_chunk(self, i, req, ch):
         if getattr(ch, "progress", None) is not None:  # llama-server: a role delta with the progress
-            yield {"choices": [{"finish_reason": None, "index": i, "delta": {"role": "assistant", "content": None}}],
-                   **self.head("chat.completion.chunk"), **self.progress(ch)}
+            yield {**self._delta(i, {"role": "assistant", "content": None}), **self.progress(ch)}
             return
         yield from self._role(i)
         for text, entries, tokens in _events(self.probs, i, ch):
             if not text and (not entries or tokens == [ch.eog]):
                 continue  # llama-server: no chat chunk for the end-of-generation token (it adds no content)
-            if self.tools is not None:  # logprobs go with the content they came with, none with calls
-                deltas = self._tool_events(i, text)
-                for j, delta in enumerate(deltas):
-                    d = self._delta(i, delta)
-                    if entries is not None and j == 0 and "content" in delta:
-                        d["choices"][0]["logprobs"] = {"content": self.probs.content(entries)}
-                    yield d
-                continue
-            if self.fmt is not None:  # llama-server: no chunk for a token that adds no content
-                text = self._fences.setdefault(i, FenceStream()).feed(text)
-                if not text:
-                    continue
-            d = {"choices": [{"finish_reason": None, "index": i, "delta": {"content": text}}],
-                 **self.head("chat.completion.chunk")}
-            if entries is not None:
-                d["choices"][0]["logprobs"] = {"content": self.probs.content(entries)}
-            if self.gen.timings_per_token:
-                d["timings"] = self.timings(req.stats)
-            yield d
+            # the plain text goes as it is (logprobs of a token without text too); through the tool-call parser or
+            # the JSON fence, llama-server sends no chunk for a token that adds no content
+            plain = self.tools is None and self.fmt is None
+            deltas = [{"content": text}] if plain else self._deltas(i, self._output(i).feed(text))
+            for j, delta in enumerate(deltas):
+                d = self._delta(i, delta)
+                if entries is not None and j == 0 and "content" in delta:  # logprobs go with their content
+                    d["choices"][0]["logprobs"] = {"content": self.probs.content(entries)}
+                if self.gen.timings_per_token and self.tools is None:
+                    d["timings"] = self.timings(req.stats)
+                yield d
 
     def stream_finish(self, i, req):
         yield from self._role(i)
-        reason = formats.finish_reason(req.finish_reason)
-        if self.tools is not None:
-            for delta in self._tool_events(i, "", end=True):
-                yield self._delta(i, delta)
-            if self._n_calls.get(i):
-                reason = "tool_calls"
-        rest = self._fences.setdefault(i, FenceStream()).finish() if self.fmt is not None else ""
-        if rest:
-            yield self._delta(i, {"content": rest})
-        yield self.with_verbose({"choices": [{"finish_reason": reason, "index": i,
-                                              "delta": {}}],
+        for delta in self._deltas(i, self._output(i).finish()):
+            yield self._delta(i, delta)
+        reason = "tool_calls" if self._n_calls.get(i) else formats.finish_reason(req.finish_reason)
+        yield self.with_verbose({"choices": [{"finish_reason": reason, "index": i, "delta": {}}],
                                  **self.head("chat.completion.chunk"), "timings": self.timings(req.stats)}, req)
 
     def _choice(self, i: int, r) -> dict:
-        c = {"finish_reason": formats.finish_reason(r.finish_reason), "index": i,
-             "message": {"role": "assistant", "content": r.text if self.fmt is None else self.fmt.content(r.text)}}
-        if self.tools is not None:
-            content, calls = parse_output(r.text, self.tools)
-            if calls:
-                c["finish_reason"] = "tool_calls"
-                c["message"].update(content=content, tool_calls=calls)
+        content, calls = Output(self.tools, self.fmt).whole(r.text)
+        c = {"finish_reason": "tool_calls" if calls else formats.finish_reason(r.finish_reason), "index": i,
+             "message": {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}}
         if self.probs is not None:
             c["logprobs"] = {"content": self.probs.content(r.token_probs)}
         return c

@@ -31,9 +31,8 @@ from typing import TYPE_CHECKING, Any
 from .. import _llama as llama
 from . import cancel, formats
 from .errors import invalid
+from .render import Output
 from .respond import Renderer, Served, dumps
-from .tools import ToolStream, parse_output
-from .chat_format import FenceStream
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..request import Request
@@ -272,9 +271,7 @@ class ResponsesRenderer(Renderer):
         self.id = "resp_" + uuid.uuid4().hex  # OpenAI's (and llama-server's) prefixes: resp_, msg_
         self.msg_id = "msg_" + uuid.uuid4().hex
         self.created = formats.now()
-        self._stream = ToolStream(self.tools) if self.tools is not None else None
-        #: a JSON schema on the Jinja path: the text is the JSON, a fence parsed away (server/chat_format.py)
-        self._fence = FenceStream() if self.fmt is not None else None
+        self._output = Output(self.tools, self.fmt)
         self._begun = False
         self._msg_index: int | None = None  # the message item's output_index once its text began
         self._text = ""  # the message's text so far (a stream)
@@ -337,9 +334,7 @@ class ResponsesRenderer(Renderer):
         if not ch.text:
             return
         yield from self._begin()
-        text = self._fence.feed(ch.text) if self._fence is not None else ch.text
-        evs = list(self._events(self._stream.feed(text) if self._stream is not None else
-                                [("content", text)] if text else []))
+        evs = list(self._events(self._output.feed(ch.text)))
         if evs and self.gen.timings_per_token:
             evs[-1]["timings"] = self.timings(req.stats)
         yield from evs
@@ -356,11 +351,7 @@ class ResponsesRenderer(Renderer):
 
     def stream_finish(self, i, req):
         yield from self._begin()
-        if self._stream is not None:
-            yield from self._events(self._stream.finish())
-        rest = self._fence.finish() if self._fence is not None else ""
-        if rest:
-            yield from self._text_events(rest)
+        yield from self._events(self._output.finish())
         output = sorted(self._items, key=lambda x: x[0])
         if self._msg_index is not None:
             msg = self._message(self._text)
@@ -379,8 +370,7 @@ class ResponsesRenderer(Renderer):
 
     def whole(self, reqs):
         req = reqs[0]
-        text = req.text if self.fmt is None else self.fmt.content(req.text)
-        text, calls = (parse_output(text, self.tools) if self.tools is not None else (text, []))
+        text, calls = self._output.whole(req.text)
         output = ([self._message(text)] if text else []) + [_call_item(c) for c in calls]
         return {"completed_at": formats.now(), "created_at": self.created, "id": self.id, "model": self.model,
                 "object": "response", "output": output, "status": "completed", "usage": self._usage(req)}

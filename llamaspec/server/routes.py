@@ -28,30 +28,25 @@ __all__ = ["health", "models", "tokenize", "detokenize", "slots", "props", "metr
            "chat_input_tokens"]
 
 
-def _chat_text(state: ServerState, b) -> str:
-    """The chat prompt text of a request body (off the event loop: the messages are the client's, 250k of them)."""
-    return chat_prompt(state, b.data, parse_messages(b, state.config.limits), parse_tools(b.data))
+async def _chat_text(request: HttpRequest, answer) -> JSONResponse:
+    """The answer ``answer(engine, text)`` about a request's chat prompt text (made off the event loop, as every
+    piece of work whose size the client chooses: the messages, 250k of them)."""
+    state = state_of(request)
+    eng = state.need_engine()
+    b = await read_json(request)
+    return await in_worker(lambda: JSONResponse(answer(eng, chat_prompt(
+        state, b.data, parse_messages(b, state.config.limits), parse_tools(b.data)))), request=request)
 
 
 async def apply_template(request: HttpRequest):
     """llama-server's ``POST /apply-template``: the chat prompt text, not generated."""
-    state = state_of(request)
-    state.need_engine()
-    b = await read_json(request)
-    return await in_worker(lambda: JSONResponse({"prompt": _chat_text(state, b)}), request=request)
+    return await _chat_text(request, lambda eng, text: {"prompt": text})
 
 
 async def chat_input_tokens(request: HttpRequest):
     """``POST /v1/chat/completions/input_tokens``: how many tokens the chat prompt is."""
-    state = state_of(request)
-    eng = state.need_engine()
-    b = await read_json(request)
-
-    def count() -> JSONResponse:
-        text = _chat_text(state, b)
-        return JSONResponse({"input_tokens": len(eng.tokenize(text, add_special=True, parse_special=True))})
-
-    return await in_worker(count, request=request)
+    return await _chat_text(request, lambda eng, text: {
+        "input_tokens": len(eng.tokenize(text, add_special=True, parse_special=True))})
 
 
 async def health(request: HttpRequest):
