@@ -22,7 +22,6 @@ llamaspec.server.errors.ApiError: Field 'top_k': expected an integer, got "5"
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -34,7 +33,7 @@ from ..params import RequestSpec
 from . import cancel
 from .chat_format import ChatFormat, chat_format, constrained_grammar
 from .constraints import JSON_GRAMMAR, parse_grammar, parse_logit_bias
-from .errors import invalid
+from .errors import invalid, show
 from .limits import Limits, check_chars, check_generations, over, parse_json
 from .probs import parse_probs
 from .tenant import current_tenant
@@ -63,11 +62,6 @@ SAMPLER_FIELDS = {"typical_p": ("typ_p", float, None, None), "mirostat": ("miros
                   "adaptive_decay": ("adaptive_decay", float, 0.0, 0.99)}
 
 
-def _show(v: Any) -> str:
-    s = json.dumps(v)
-    return s if len(s) <= 60 else s[:57] + "..."
-
-
 class Body:
     """Typed access to a request's JSON object (``null`` = absent)."""
 
@@ -92,7 +86,7 @@ class Body:
         if v is None:
             return default
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-            raise invalid(f"Field '{key}': expected an integer, got {_show(v)}")
+            raise invalid(f"Field '{key}': expected an integer, got {show(v)}")
         v = int(v)
         _check_range(key, v, I32_MIN if lo is None else lo, I32_MAX if hi is None else hi)
         return v
@@ -103,7 +97,7 @@ class Body:
         if v is None:
             return default
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise invalid(f"Field '{key}': expected a number, got {_show(v)}")
+            raise invalid(f"Field '{key}': expected a number, got {show(v)}")
         v = float(v)
         _check_range(key, v, lo, hi)
         return v
@@ -113,7 +107,7 @@ class Body:
         if v is None:
             return default
         if not isinstance(v, bool):
-            raise invalid(f"Field '{key}': expected true or false, got {_show(v)}")
+            raise invalid(f"Field '{key}': expected true or false, got {show(v)}")
         return v
 
     def str(self, name: str, default: str | None = None) -> str | None:
@@ -121,7 +115,7 @@ class Body:
         if v is None:
             return default
         if not isinstance(v, str):
-            raise invalid(f"Field '{key}': expected a string, got {_show(v)}")
+            raise invalid(f"Field '{key}': expected a string, got {show(v)}")
         return v
 
     def obj(self, name: str) -> dict | None:
@@ -129,7 +123,7 @@ class Body:
         if v is None:
             return None
         if not isinstance(v, dict):
-            raise invalid(f"Field '{key}': expected an object, got {_show(v)}")
+            raise invalid(f"Field '{key}': expected an object, got {show(v)}")
         return v
 
 
@@ -193,7 +187,7 @@ def parse_speculative(b: Body) -> RequestSpec | None:
     for k, fk in flat_keys.items():
         fv, nv = b.data.get(fk), nb.data.get(k)
         if fv is not None and nv is not None and (fv != nv or isinstance(fv, bool) != isinstance(nv, bool)):
-            raise invalid(f"Field '{fk}' ({_show(fv)}) and 'speculative': {{\"{k}\": {_show(nv)}}} disagree: give one")
+            raise invalid(f"Field '{fk}' ({show(fv)}) and 'speculative': {{\"{k}\": {show(nv)}}} disagree: give one")
         src = b if fv is not None else nb
         name = fk if fv is not None else k
         if k in ("n_max", "n_min"):
@@ -214,7 +208,7 @@ def _stop(b: Body, limits: Limits) -> list[str]:
     if isinstance(v, str):
         v = [v]
     elif not (isinstance(v, list) and all(isinstance(s, str) for s in v)):
-        raise invalid(f"Field '{key}': expected a string or a list of strings, got {_show(v)}")
+        raise invalid(f"Field '{key}': expected a string or a list of strings, got {show(v)}")
     if len(v) > limits.max_stop:
         raise over(f"{len(v)} stop strings", limits.max_stop, "max_stop", field=key)
     for s in v:
@@ -252,13 +246,13 @@ def _sampler_fields(b: Body, defaults: Defaults) -> dict:
     if v is not None:
         if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
             raise invalid(f"Field '{key}': dry_sequence_breakers must be a non-empty array of strings, "
-                          f"got {_show(v)}")
+                          f"got {show(v)}")
         out["dry_sequence_breakers"] = tuple(v)
     key, v = b.get("samplers")
     if v is not None:
         if not (isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))):
             raise invalid(f"Field '{key}': an array of sampler names or a string of sampler characters, "
-                          f"got {_show(v)}")
+                          f"got {show(v)}")
         try:
             out["samplers"] = llama.sampler_order(v)
         except UsageError as e:
@@ -304,7 +298,7 @@ def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
     so = b.obj("stream_options") or {}
     include_usage = so.get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
-        raise invalid(f"Field 'stream_options.include_usage': expected true or false, got {_show(include_usage)}")
+        raise invalid(f"Field 'stream_options.include_usage': expected true or false, got {show(include_usage)}")
     stream = b.bool("stream", False)
     return_progress = b.bool("return_progress", False)
     text = {k: v for k in ("n_indent", "t_max_predict_ms")
@@ -356,9 +350,9 @@ def _one_prompt(p: Any, where: str) -> tuple[list, int]:
     if isinstance(p, list):
         for x in p:
             if not (_is_token(x) or isinstance(x, str)):
-                raise invalid(f"Field '{where}': {PROMPT_KINDS}; got {_show(x)} in it")
+                raise invalid(f"Field '{where}': {PROMPT_KINDS}; got {show(x)} in it")
         return p, sum(len(x) for x in p if isinstance(x, str))
-    raise invalid(f"Field '{where}': {PROMPT_KINDS}; got {_show(p)}")
+    raise invalid(f"Field '{where}': {PROMPT_KINDS}; got {show(p)}")
 
 
 def _tokens(parts: list, tokenize: Tokenize) -> list[int]:
@@ -389,7 +383,7 @@ def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt", limits: L
             raise invalid(f"Field '{k}': the prompt list is empty")
         checked = [_one_prompt(p, f"{k}[{i}]") for i, p in enumerate(v)]
     else:
-        raise invalid(f"Field '{k}': expected a string, a list or an object {{\"prompt_string\": ...}}, got {_show(v)}")
+        raise invalid(f"Field '{k}': expected a string, a list or an object {{\"prompt_string\": ...}}, got {show(v)}")
     check_generations(len(checked), n_cmpl, limits)
     check_chars(k, sum(n for _, n in checked), limits)
     return [_tokens(parts, tokenize) for parts, _ in checked]
@@ -428,7 +422,7 @@ def parse_messages(b: Body, limits: Limits | None = None) -> list[dict[str, str]
                 else:
                     t = part.get("type") if isinstance(part, dict) else None
                     raise invalid(f"Field 'messages[{i}].content[{j}]': only text parts are supported"
-                                  + (f" (got type {_show(t)})" if t else ""))
+                                  + (f" (got type {show(t)})" if t else ""))
             text = "\n".join(parts)
         else:
             raise invalid(f"Field 'messages[{i}].content': expected a string or a list of parts")

@@ -6,8 +6,8 @@ A row of :data:`ROUTES` (:class:`GenerationRoute`) says how a route reads its pr
 renderer and its stream's end), whether it reads a chat request (``tools``, the JSON schema of the Jinja chat
 path) and whether it gives more than one answer. Every request then goes one way: its body
 (:func:`read_json`), its fields (``parse_gen_params``; a chat request's tools and schema, each parsed once), its
-prompts tokenised (:func:`~llamaspec.server.prompt_bound.tokenize`), :func:`submit` (the one check of the prompts against the slot's
-context, the limits, the engine requests), and the route's renderer answers
+prompts tokenised (:func:`~llamaspec.server.prompt_bound.tokenize`), :func:`submit` (the one check of the
+prompts against the slot's context, the limits, the engine requests), and the route's renderer answers
 (:class:`~llamaspec.server.respond.GenerationResponse`). The parsing, tokenising and submitting run in a worker
 thread, or on the event loop for a small request (:func:`_inline`).
 """
@@ -64,7 +64,6 @@ class Job:
     gen: GenParams | None = None
     verbose: bool = False
     checked: Any = None
-    group: JobGroup | None = None
 
 
 @dataclass(frozen=True)
@@ -124,19 +123,17 @@ async def generate(route: GenerationRoute, request: HttpRequest) -> GenerationRe
     if route.ready is not None:
         route.ready(eng)
     job = Job(state, eng, await read_json(request))
-    if route.body is None and _inline(job.b):
-        _prepare(route, job)
-    else:
-        await in_worker(_prepare, route, job, request=request)
+    inline = route.body is None and _inline(job.b)
+    group = _prepare(route, job) if inline else await in_worker(_prepare, route, job, request=request)
     try:
-        return GenerationResponse(job.group, route.renderer(_served(job)), stream=job.gen.stream,
+        return GenerationResponse(group, route.renderer(_served(job)), stream=job.gen.stream,
                                   ping_interval=state.config.sse_ping_interval, done=route.done)
     except BaseException:
-        job.group.close()
+        group.close()
         raise
 
 
-def _prepare(route: GenerationRoute, job: Job) -> None:
+def _prepare(route: GenerationRoute, job: Job) -> JobGroup:
     """The job's fields, prompts and engine requests, in the order llama-server reads them."""
     state, eng, limits = job.state, job.eng, job.state.config.limits
     if route.body is not None:
@@ -153,7 +150,7 @@ def _prepare(route: GenerationRoute, job: Job) -> None:
     job.gen = parse_gen_params(b, state.config.defaults, n_ctx=eng.n_ctx_seq, limits=limits,
                                tokenize=lambda text: eng.tokenize(text, add_special=False, parse_special=False),
                                chat=route.chat, jinja=state.chat is not None and state.chat.jinja)
-    job.group = submit(state, route.prompts(job), job.gen)
+    return submit(state, route.prompts(job), job.gen)
 
 
 def _served(job: Job) -> Served:
