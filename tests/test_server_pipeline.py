@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from llamaspec.params import SpecParams  # noqa: E402
 from llamaspec.server.app import ServerConfig, ServerState, create_app  # noqa: E402
+from test_server import _ScriptedEngine  # noqa: E402
 
 SERVER = Path(sys.modules["llamaspec.server"].__file__).parent
 
@@ -24,32 +24,14 @@ class _Submitted(Exception):
     """Raised by the engine's submit: what the trace measures is over."""
 
 
-class _Engine:
-    """Enough of an Engine for a request to reach ``submit`` (the module is not ours: it is not counted)."""
+class _Engine(_ScriptedEngine):
+    """test_server's scripted engine (its module is not ours: it is not counted), whose submit ends the trace."""
 
     def __init__(self):
-        self.n_ctx_seq, self.n_parallel, self.chain, self.spec, self.verify = 100, 1, None, SpecParams(), "match"
-        self.vocab = None  # (the prompts are too short for the special-token count to read it)
-        self.model = type("M", (), {"chat_template": staticmethod(lambda: None), "vocab": None,
-                                    "path": Path("scripted.gguf")})()
+        super().__init__([])
         self.prompts = []
 
-    def start(self):
-        pass
-
-    def stop(self):
-        pass
-
-    def close(self):
-        pass
-
-    def tokenize(self, text, add_special=True, parse_special=False):
-        return [1, 2]
-
-    def wait_until(self, ready, timeout):
-        return ready()
-
-    def submit(self, prompt, options=None):
+    def submit(self, prompt, options=None, **kw):
         self.prompts.append(list(prompt))
         raise _Submitted
 
