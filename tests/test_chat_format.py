@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -63,15 +62,14 @@ def test_content_is_the_json_llama_server_parses(text, want):
 
 def test_a_chat_format_only_under_jinja_with_a_schema():
     rf = {"response_format": {"type": "json_schema", "json_schema": {"schema": {"const": 1}}}}
-    jinja, builtin = (SimpleNamespace(chat=SimpleNamespace(jinja=j)) for j in (True, False))
-    fmt = chat_format(jinja, Body(rf))
+    fmt = chat_format(Body(rf), True)
     assert fmt is not None and fmt.key == "response_format.json_schema.schema"
     assert fmt.grammar() == chat_schema_grammar({"const": 1})
-    assert chat_format(builtin, Body(rf)) is None
-    assert chat_format(jinja, Body({"messages": []})) is None
-    assert chat_format(jinja, Body({"grammar": "root ::= [a]"})) is None
-    assert chat_format(jinja, Body({"response_format": {"type": "json_object"}})).schema == {"type": "object"}
-    assert chat_format(jinja, Body({"json_schema": {"type": "integer"}})).key == "json_schema"
+    assert chat_format(Body(rf), False) is None
+    assert chat_format(Body({"messages": []}), True) is None
+    assert chat_format(Body({"grammar": "root ::= [a]"}), True) is None
+    assert chat_format(Body({"response_format": {"type": "json_object"}}), True).schema == {"type": "object"}
+    assert chat_format(Body({"json_schema": {"type": "integer"}}), True).key == "json_schema"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ MODULES = [
     "llamaspec.drafters.ngram_pool",
     "llamaspec.drafters.ngram_rates",
     "llamaspec.server.tenant",
+    "llamaspec.server.pipeline",
     "llamaspec.server.tools",
     "llamaspec.server.pythonic",
     "llamaspec.auto",

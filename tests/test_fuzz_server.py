@@ -332,12 +332,12 @@ def test_infill_without_fim_tokens(app):
 def test_an_error_before_the_response_owns_the_generations_releases_them(app, monkeypatch):
     """Whatever fails between submitting a request's generations and the response taking them over (here the
     renderer) cancels them and releases their admission: nothing keeps running for nobody."""
-    from llamaspec.server import routes
+    from llamaspec.server.render import NativeRenderer
 
     def broken(*a, **kw):
         raise ValueError("renderer failed")
 
-    monkeypatch.setattr(routes, "NativeRenderer", broken)
+    monkeypatch.setattr(NativeRenderer, "__init__", broken)
     r = post(app, "/completion", b'{"prompt": [1, 2, 3], "n_predict": 200}')
     assert r.status_code == 500 and "renderer failed" in r.json()["error"]["message"]
     check_idle(app)

@@ -122,21 +122,13 @@ class Vocab:
             self._eog_all = tuple(t for t in range(self.n_tokens) if native.llama_vocab_is_eog(ptr, t))
         return self._eog_all
 
-    def special_texts(self) -> tuple[list[str], list[str]]:
-        """``(split, user_defined)``: the texts of the tokens llama.cpp splits a text at before tokenising it
-        with ``parse_special`` (control, unknown and user-defined tokens), and those it splits at without (the
-        user-defined ones)."""
+    def special_texts(self) -> list[str]:
+        """The texts of the tokens llama.cpp splits a text at before tokenising it with ``parse_special``
+        (control, unknown and user-defined tokens)."""
         ptr = self.ptr
-        special, plain = [], []
         split = native.LLAMA_TOKEN_ATTR_CONTROL | native.LLAMA_TOKEN_ATTR_UNKNOWN | native.LLAMA_TOKEN_ATTR_USER_DEFINED
-        for t in range(self.n_tokens):
-            attr = native.llama_vocab_get_attr(ptr, t)
-            if attr & split:
-                text = self.get_text(t).decode("utf-8", "replace")
-                special.append(text)
-                if attr & native.LLAMA_TOKEN_ATTR_USER_DEFINED:
-                    plain.append(text)
-        return special, plain
+        return [self.get_text(t).decode("utf-8", "replace") for t in range(self.n_tokens)
+                if native.llama_vocab_get_attr(ptr, t) & split]
 
     def get_text(self, token: int) -> bytes:
         """Raw vocabulary text of a token (what §11 compares byte for byte)."""

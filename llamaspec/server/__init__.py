@@ -4,7 +4,8 @@ Needs the ``server`` extra (``pip install "llamaspec[server]"``: Starlette, uvic
 
 * :mod:`.app`: the Starlette app (:func:`create_app`: the route table, middleware, lifespan)
 * :mod:`.state`: :class:`ServerConfig`, :class:`ServerState` (the engine's start, the loading thread, shutdown)
-* :mod:`.routes`: the handlers and the request -> engine bridge; :mod:`.render`: the response shapes
+* :mod:`.pipeline`: the generation routes (one table, one handler: parse, tokenise, submit)
+* :mod:`.routes`: the other handlers; :mod:`.render`, :mod:`.responses`: the response shapes
 * :mod:`.middleware`: 503 while loading, the API key, the exception handlers; :mod:`.errors`: the error shape
 * :mod:`.parsing`: request bodies -> sampling, length, stop, per-request speculative settings
 * :mod:`.jobs`: engine requests -> asyncio (pump threads), SSE, cancel on client disconnect

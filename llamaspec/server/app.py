@@ -35,23 +35,18 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from .cors_proxy import cors_proxy
-from .infill import infill
-from .middleware import EXCEPTION_HANDLERS, HEALTH, PUBLIC, CorsMiddleware, GuardMiddleware, PrefixMiddleware
+from .middleware import EXCEPTION_HANDLERS, CorsMiddleware, GuardMiddleware, PrefixMiddleware
 from .openapi import OPENAPI_PATH, openapi
+from .pipeline import routes as generation_routes
 from .routes import (
     apply_template,
     chat_input_tokens,
-    chat_completions,
-    completion_native,
-    completions_oai,
     detokenize,
     health,
     metrics,
     models,
     props,
-    responses,
     slots,
-    submit,
     tokenize,
 )
 from .slot_actions import slot_action
@@ -60,9 +55,7 @@ from .state import ServerConfig, ServerState
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
 
-# ServerConfig, ServerState (state.py), the handlers and submit (routes.py), GuardMiddleware, HEALTH and PUBLIC
-# (middleware.py) are importable from here as before the split
-__all__ = ["create_app", "ServerConfig", "ServerState", "GuardMiddleware", "HEALTH", "PUBLIC", "submit"]
+__all__ = ["create_app", "ServerConfig", "ServerState"]
 
 
 def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = None) -> Starlette:
@@ -83,13 +76,7 @@ def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = No
         Route("/v1/health", health, methods=["GET"]),
         Route("/models", models, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", completions_oai, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/responses", responses, methods=["POST"]),
-        Route("/responses", responses, methods=["POST"]),
-        Route("/completion", completion_native, methods=["POST"]),
-        Route("/completions", completion_native, methods=["POST"]),
+        *generation_routes(),  # /v1/completions, /v1/chat/completions, /v1/responses, /completion, /infill
         Route("/apply-template", apply_template, methods=["POST"]),
         Route("/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
         Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
@@ -97,7 +84,6 @@ def create_app(state: ServerState, *, loader: Callable[[], "Engine"] | None = No
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/slots", slots, methods=["GET"]),
         Route("/slots/{id_slot}", slot_action, methods=["POST"]),
-        Route("/infill", infill, methods=["POST"]),
         Route("/props", props, methods=["GET", "POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/cors-proxy", cors_proxy, methods=["GET", "POST"]),

@@ -21,7 +21,6 @@ from .constraints import check_alternatives, request_schema, schema_grammar
 from .errors import invalid
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .state import ServerState
     from .tools import ToolSpec
 
 __all__ = ["ChatFormat", "FenceStream", "chat_format", "constrained_grammar", "content"]
@@ -93,15 +92,12 @@ class ChatFormat:
 
     content = staticmethod(content)
 
-    @staticmethod
-    def stream() -> FenceStream:
-        return FenceStream()
 
-
-def chat_format(state: "ServerState", b: Any) -> ChatFormat | None:
+def chat_format(b: Any, jinja: bool) -> ChatFormat | None:
     """The :class:`ChatFormat` of chat request ``b`` (a :class:`~llamaspec.server.parsing.Body`): None without a
-    JSON schema or without a Jinja template (the schema's own grammar then, as llama-server's legacy path)."""
-    if state.chat is None or not state.chat.jinja:
+    JSON schema or without a Jinja template (``jinja``; the schema's own grammar then, as llama-server's legacy
+    path)."""
+    if not jinja:
         return None
     key, schema, _ = request_schema(b)
     return ChatFormat(key, schema) if schema is not None else None

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 from ..chat import ChatTemplate
 from ..errors import UsageError
 from .errors import invalid
-from .tools import parse_tools
 
 if TYPE_CHECKING:  # pragma: no cover
     from .state import ServerState
+    from .tools import ToolSpec
 
 __all__ = ["chat_prompt", "render"]
 
@@ -45,10 +45,9 @@ def _flag(data: dict, name: str, default: Any) -> Any:
     return v
 
 
-def chat_prompt(state: "ServerState", data: dict, messages: list[dict[str, str]]) -> str:
-    """The prompt text of a chat request (``data`` its JSON body, ``messages`` as parsed; its ``tools`` go to
-    the template with ``--jinja``, a 400 without: llama-server's answer)."""
-    spec = parse_tools(data)
+def chat_prompt(state: "ServerState", data: dict, messages: list[dict[str, str]], spec: "ToolSpec | None" = None) -> str:
+    """The prompt text of a chat request (``data`` its JSON body, ``messages`` as parsed, ``spec`` its tools as
+    parsed: they go to the template with ``--jinja``, a 400 without, llama-server's answer)."""
     tools = spec.tools if spec is not None and spec.render else None
     if tools and not _jinja_mode(state):
         raise invalid("tools param requires --jinja flag (and a Jinja chat template)")

@@ -12,12 +12,11 @@ root ::= "4"
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Callable
 
 from .. import _llama as llama
 from .._llama.grammar_limits import alternatives_message, alternatives_over
-from .errors import invalid
+from .errors import invalid, show
 from .limits import over
 
 __all__ = ["JSON_GRAMMAR", "parse_grammar", "request_schema", "schema_grammar", "parse_logit_bias", "check_alternatives"]
@@ -34,11 +33,6 @@ string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )
 number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
 ws ::= | " " | "\n" [ \t]{0,20}
 '''
-
-
-def _show(v: Any) -> str:
-    s = json.dumps(v)
-    return s if len(s) <= 60 else s[:57] + "..."
 
 
 def _schema_grammar(key: str, schema: Any, to_grammar: Callable[[Any], str]) -> str:
@@ -88,11 +82,11 @@ def request_schema(b: Any) -> tuple[str, Any, str | None]:
             wrapper = rf.get("json_schema")
             if wrapper is not None and not isinstance(wrapper, dict):
                 raise invalid(f"Field 'response_format.json_schema': expected an object {{\"schema\": ...}}, "
-                              f"got {_show(wrapper)}")
+                              f"got {show(wrapper)}")
             inner = (wrapper or {}).get("schema")
             schema_key, schema = "response_format.json_schema.schema", {} if inner is None else inner
         else:
-            raise invalid(f"Field 'response_format': unknown type {_show(t)} (valid: text, json_object, json_schema)")
+            raise invalid(f"Field 'response_format': unknown type {show(t)} (valid: text, json_object, json_schema)")
     if schema is not None and grammar:
         raise invalid(f"Fields '{schema_key}' and 'grammar': give a JSON schema or a GBNF grammar, not both")
     return schema_key, schema, grammar
@@ -131,7 +125,7 @@ def parse_logit_bias(b: Any, tokenize: Callable[[str], list] | None = None) -> t
         items = [(x[0], x[1]) for x in v]
     else:
         raise invalid(f"Field '{key}': expected an object {{\"token id or text\": bias}} or a list of "
-                      f"[token id or text, bias] pairs, got {_show(v)}")
+                      f"[token id or text, bias] pairs, got {show(v)}")
     out = []
     for tok, bias in items:
         t = tok
@@ -139,15 +133,15 @@ def parse_logit_bias(b: Any, tokenize: Callable[[str], list] | None = None) -> t
             t = int(t)
         if isinstance(t, str):
             if tokenize is None:  # pragma: no cover - every route passes its tokenizer
-                raise invalid(f"Field '{key}': give token ids (use /tokenize for text), got {_show(tok)}")
+                raise invalid(f"Field '{key}': give token ids (use /tokenize for text), got {show(tok)}")
             ids = list(tokenize(t))
         elif isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= I32_MAX:
-            raise invalid(f"Field '{key}': keys must be token ids (integers >= 0) or text, got {_show(tok)}")
+            raise invalid(f"Field '{key}': keys must be token ids (integers >= 0) or text, got {show(tok)}")
         else:
             ids = [t]
         if bias is False:
             bias = float("-inf")
         elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias or bias == float("inf"):
-            raise invalid(f"Field '{key}': the bias of {_show(tok)} must be a number (or false: never), got {_show(bias)}")
+            raise invalid(f"Field '{key}': the bias of {show(tok)} must be a number (or false: never), got {show(bias)}")
         out.extend((i, float(bias)) for i in ids)
     return tuple(out)

@@ -5,6 +5,7 @@ client error is a 4xx: the ``openai`` client retries 408/409/429/5xx, so a bad r
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..errors import EngineClosedError, LlamaSpecError, SamplerError, UsageError
@@ -40,6 +41,12 @@ class ApiError(Exception):
 
     def error_object(self) -> dict:
         return {"code": self.code, "message": self.message, "type": self.type, **self.extra}
+
+
+def show(v: Any) -> str:
+    """A request's value as a message quotes it: its JSON, cut at 60 characters."""
+    s = json.dumps(v, default=str)
+    return s if len(s) <= 60 else s[:57] + "..."
 
 
 def invalid(message: str) -> ApiError:

@@ -22,19 +22,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from starlette.requests import Request as HttpRequest
-
 from ..fim_layout import fim_body
 from .errors import invalid, not_supported
-from .limits import check_chars
-from .parsing import Body, GenParams
-from .render import NativeRenderer
-from .routes import _body, _generation, _model_name, _respond, _state
+from .limits import Limits, check_chars
+from .parsing import Body
 
 if TYPE_CHECKING:  # pragma: no cover
     from .._llama.vocab import FimTokens
+    from ..engine import Engine
+    from .state import ServerConfig
 
-__all__ = ["infill", "fim_prompt"]
+__all__ = ["fim_prompt", "infill_parts", "infill_prompt", "require_fim"]
 
 #: the separator of extra chunks for a model without FIM_SEP (llama-server's, in bytes there)
 SNIPPET = "\n\n--- snippet ---\n\n"
@@ -106,7 +104,15 @@ def _extra(b: Body) -> list[dict]:
     return v
 
 
-def _check(b: Body, state) -> tuple[list, list, list[dict], str]:
+def require_fim(eng: "Engine") -> None:
+    """501 for a model without FIM prefix, suffix and middle tokens (before the body is read)."""
+    fim = eng.vocab.fim
+    if fim.missing:
+        raise not_supported("Infill is not supported by this model: "
+                            + "".join(f"{m} token is missing. " for m in fim.missing))
+
+
+def infill_parts(b: Body, limits: Limits) -> tuple[list, list, list[dict], str]:
     """The request's parts, checked before anything is tokenised (400 naming what is wrong)."""
     prompt: Any = b.data.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
@@ -115,32 +121,22 @@ def _check(b: Body, state) -> tuple[list, list, list[dict], str]:
     extra = _extra(b)
     n_chars = sum(len(x) for p in (prefix, suffix) for x in p if isinstance(x, str)) + len(prompt or "")
     n_chars += sum(len(c["text"]) + len(c.get("filename", "")) for c in extra)
-    check_chars("input_prefix", n_chars, state.config.limits)
+    check_chars("input_prefix", n_chars, limits)
     return prefix, suffix, extra, prompt or ""
 
 
-async def infill(request: HttpRequest):
-    state = _state(request)
-    eng = state.need_engine()
-    fim = eng.vocab.fim
-    if fim.missing:
-        raise not_supported("Infill is not supported by this model: "
-                            + "".join(f"{m} token is missing. " for m in fim.missing))
-    b = await _body(request)
-    prefix, suffix, extra, prompt = _check(b, state)
+def infill_prompt(eng: "Engine", cfg: "ServerConfig", parts: tuple[list, list, list[dict], str]) -> list[int]:
+    """The infill prompt of a request whose ``parts`` :func:`infill_parts` checked."""
+    vocab = eng.vocab
+    prefix, suffix, extra, prompt = parts
 
-    def tokens(parts: list) -> list[int]:  # llama-server: no BOS, special tokens not parsed
-        return [t for x in parts for t in (tok(x) if isinstance(x, str) else [x])]
-
-    def tok(text: str) -> list[int]:
+    def tok(text: str) -> list[int]:  # llama-server: no BOS, special tokens not parsed
         return eng.tokenize(text, add_special=False, parse_special=False)
 
-    def prompts(b: Body, gen: GenParams) -> list[list[int]]:
-        vocab = eng.vocab
-        return [fim_prompt(fim, tok, prefix=tokens(prefix), suffix=tokens(suffix), extra=extra,
-                           prompt=eng.tokenize(prompt, add_special=False, parse_special=True),
-                           n_batch=eng.ctx.n_batch, n_predict=state.config.defaults.n_predict, n_ctx=eng.n_ctx_seq,
-                           spm=state.config.spm_infill, bos=vocab.bos if vocab.add_bos and vocab.bos >= 0 else None)]
+    def tokens(parts: list) -> list[int]:
+        return [t for x in parts for t in (tok(x) if isinstance(x, str) else [x])]
 
-    gen, group = await _generation(state, b, prompts, request=request)
-    return _respond(state, gen, group, lambda: NativeRenderer(state, gen, _model_name(b, state)))
+    return fim_prompt(vocab.fim, tok, prefix=tokens(prefix), suffix=tokens(suffix), extra=extra,
+                      prompt=eng.tokenize(prompt, add_special=False, parse_special=True), n_batch=eng.ctx.n_batch,
+                      n_predict=cfg.defaults.n_predict, n_ctx=eng.n_ctx_seq, spm=cfg.spm_infill,
+                      bos=vocab.bos if vocab.add_bos and vocab.bos >= 0 else None)

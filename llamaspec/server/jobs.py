@@ -7,7 +7,7 @@ every streamed engine request to the event loop (``loop.call_soon_threadsafe``):
 the engine happens on the event loop and no thread is made per request. A whole (non-stream) response only
 needs each request's end, which the request posts itself (``Request.add_done_callback``). Tokenising,
 templating and submitting run in a small pool of worker threads (:func:`in_worker`), or on the event loop for
-a small request (``routes._inline``: tens of microseconds). The ASGI response that reads a group is
+a small request (``pipeline._inline``: tens of microseconds). The ASGI response that reads a group is
 :class:`~llamaspec.server.respond.GenerationResponse`.
 """
 from __future__ import annotations

@@ -40,7 +40,7 @@ from starlette.requests import Request as HttpRequest
 from .._llama.grammar_limits import MAX_ALTERNATIVES
 from .errors import ApiError, invalid
 
-__all__ = ["Limits", "FLAGS", "Admission", "parse_json", "check_depth", "check_text", "check_generations", "check_chars",
+__all__ = ["Limits", "Admission", "parse_json", "check_depth", "check_text", "check_generations", "check_chars",
            "over", "body_too_large", "queue_full", "read_body"]
 
 
@@ -71,29 +71,11 @@ class Limits:
     retry_after: int = 1
 
 
-#: the command-line flag of each limit (for the messages)
-FLAGS = {
-    "max_request_generations": "--max-request-generations",
-    "max_queued_generations": "--max-queued-generations",
-    "max_prompt_chars": "--max-prompt-chars",
-    "max_stop": "--max-stop",
-    "max_stop_chars": "--max-stop-chars",
-    "max_json_depth": "--max-json-depth",
-    "max_body_size": "--max-body-size",
-    "max_grammar_alternatives": "--max-grammar-alternatives",
-    "shutdown_timeout": "--shutdown-timeout",
-    "max_url_bytes": "--max-url-bytes",
-    "max_header_bytes": "--max-header-bytes",
-    "max_headers": "--max-headers",
-    "timeout": "--timeout",
-    "max_connections": "--max-connections",
-}
-
-
 def over(what: str, limit: int, name: str, *, field: str | None = None) -> ApiError:
-    """400 naming the field (when there is one), what was asked, the limit and its flag."""
+    """400 naming the field (when there is one), what was asked, the limit and its flag (the limit's name:
+    ``max_stop`` is ``--max-stop``)."""
     head = f"Field '{field}': " if field else ""
-    return invalid(f"{head}{what}, over the limit of {limit} ({FLAGS[name]})")
+    return invalid(f"{head}{what}, over the limit of {limit} (--{name.replace('_', '-')})")
 
 
 def body_too_large(n: int | None, limit: int) -> ApiError:

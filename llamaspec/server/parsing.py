@@ -22,7 +22,6 @@ llamaspec.server.errors.ApiError: Field 'top_k': expected an integer, got "5"
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -32,11 +31,13 @@ from ..errors import UsageError
 from ..options import RequestOptions, Shift, TextLimits
 from ..params import RequestSpec
 from . import cancel
+from .chat_format import ChatFormat, chat_format, constrained_grammar
 from .constraints import JSON_GRAMMAR, parse_grammar, parse_logit_bias
-from .errors import exceed_context, invalid
+from .errors import invalid, show
 from .limits import Limits, check_chars, check_generations, over, parse_json
 from .probs import parse_probs
-from .tools import message_extras
+from .tenant import current_tenant
+from .tools import ToolSpec, message_extras, parse_tools
 
 __all__ = ["Body", "Defaults", "GenParams", "parse_json", "parse_gen_params", "parse_prompts", "parse_messages",
            "parse_speculative", "JSON_GRAMMAR"]
@@ -59,14 +60,6 @@ SAMPLER_FIELDS = {"typical_p": ("typ_p", float, None, None), "mirostat": ("miros
                   "top_n_sigma": ("top_n_sigma", float, None, None), "min_keep": ("min_keep", int, 0, I32_MAX),
                   "adaptive_target": ("adaptive_target", float, None, 1.0),
                   "adaptive_decay": ("adaptive_decay", float, 0.0, 0.99)}
-#: llama-server fields that do not change the tokens llamaspec samples: accepted and checked
-#: (none left: ``n_keep`` / ``n_discard`` are the context shift's, GenParams)
-IGNORED: dict = {}
-
-
-def _show(v: Any) -> str:
-    s = json.dumps(v)
-    return s if len(s) <= 60 else s[:57] + "..."
 
 
 class Body:
@@ -93,7 +86,7 @@ class Body:
         if v is None:
             return default
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-            raise invalid(f"Field '{key}': expected an integer, got {_show(v)}")
+            raise invalid(f"Field '{key}': expected an integer, got {show(v)}")
         v = int(v)
         _check_range(key, v, I32_MIN if lo is None else lo, I32_MAX if hi is None else hi)
         return v
@@ -104,7 +97,7 @@ class Body:
         if v is None:
             return default
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise invalid(f"Field '{key}': expected a number, got {_show(v)}")
+            raise invalid(f"Field '{key}': expected a number, got {show(v)}")
         v = float(v)
         _check_range(key, v, lo, hi)
         return v
@@ -114,7 +107,7 @@ class Body:
         if v is None:
             return default
         if not isinstance(v, bool):
-            raise invalid(f"Field '{key}': expected true or false, got {_show(v)}")
+            raise invalid(f"Field '{key}': expected true or false, got {show(v)}")
         return v
 
     def str(self, name: str, default: str | None = None) -> str | None:
@@ -122,7 +115,7 @@ class Body:
         if v is None:
             return default
         if not isinstance(v, str):
-            raise invalid(f"Field '{key}': expected a string, got {_show(v)}")
+            raise invalid(f"Field '{key}': expected a string, got {show(v)}")
         return v
 
     def obj(self, name: str) -> dict | None:
@@ -130,7 +123,7 @@ class Body:
         if v is None:
             return None
         if not isinstance(v, dict):
-            raise invalid(f"Field '{key}': expected an object, got {_show(v)}")
+            raise invalid(f"Field '{key}': expected an object, got {show(v)}")
         return v
 
 
@@ -171,10 +164,10 @@ class GenParams:
     include_usage: bool = False
     timings_per_token: bool = False
     return_tokens: bool = False
-    #: a stream reports the prompt's progress (llama-server's ``prompt_progress`` chunks)
-    return_progress: bool = False
     n_cmpl: int = 1
-    extra: dict = field(default_factory=dict)
+    #: a chat request's tools and the JSON schema of the Jinja chat path (how its output reads)
+    tools: ToolSpec | None = None
+    fmt: ChatFormat | None = None
 
     @property
     def sampling(self) -> llama.SamplingParams:
@@ -194,7 +187,7 @@ def parse_speculative(b: Body) -> RequestSpec | None:
     for k, fk in flat_keys.items():
         fv, nv = b.data.get(fk), nb.data.get(k)
         if fv is not None and nv is not None and (fv != nv or isinstance(fv, bool) != isinstance(nv, bool)):
-            raise invalid(f"Field '{fk}' ({_show(fv)}) and 'speculative': {{\"{k}\": {_show(nv)}}} disagree: give one")
+            raise invalid(f"Field '{fk}' ({show(fv)}) and 'speculative': {{\"{k}\": {show(nv)}}} disagree: give one")
         src = b if fv is not None else nb
         name = fk if fv is not None else k
         if k in ("n_max", "n_min"):
@@ -215,7 +208,7 @@ def _stop(b: Body, limits: Limits) -> list[str]:
     if isinstance(v, str):
         v = [v]
     elif not (isinstance(v, list) and all(isinstance(s, str) for s in v)):
-        raise invalid(f"Field '{key}': expected a string or a list of strings, got {_show(v)}")
+        raise invalid(f"Field '{key}': expected a string or a list of strings, got {show(v)}")
     if len(v) > limits.max_stop:
         raise over(f"{len(v)} stop strings", limits.max_stop, "max_stop", field=key)
     for s in v:
@@ -238,16 +231,6 @@ def _repeat_last_n(b: Body, defaults: Defaults, n_ctx: int | None) -> int:
     return hi if n == -1 and n_ctx is not None else n
 
 
-def _unsupported(b: Body, tools_ok: bool) -> None:
-    """Known llama-server / OpenAI fields that would change the output and that llamaspec does not do:
-    refused, so that nobody gets a silently different answer. Their neutral values are accepted."""
-    tools = b.data.get("tools")
-    if tools not in (None, []) and not tools_ok:
-        raise invalid("Field 'tools': tool calls are only supported on /v1/chat/completions")
-    for name, (kind, lo, hi) in IGNORED.items():
-        (b.int if kind is int else b.float)(name, None, lo=lo, hi=hi)
-
-
 def _sampler_fields(b: Body, defaults: Defaults) -> dict:
     """llama-server's other samplers (mirostat, DRY, XTC, typical, top-n-sigma, dynamic temperature,
     adaptive-p, ``samplers``, ``dry_sequence_breakers``) as SamplingParams keyword arguments, over the
@@ -263,13 +246,13 @@ def _sampler_fields(b: Body, defaults: Defaults) -> dict:
     if v is not None:
         if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
             raise invalid(f"Field '{key}': dry_sequence_breakers must be a non-empty array of strings, "
-                          f"got {_show(v)}")
+                          f"got {show(v)}")
         out["dry_sequence_breakers"] = tuple(v)
     key, v = b.get("samplers")
     if v is not None:
         if not (isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))):
             raise invalid(f"Field '{key}': an array of sampler names or a string of sampler characters, "
-                          f"got {_show(v)}")
+                          f"got {show(v)}")
         try:
             out["samplers"] = llama.sampler_order(v)
         except UsageError as e:
@@ -279,12 +262,17 @@ def _sampler_fields(b: Body, defaults: Defaults) -> dict:
 
 def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
                      limits: Limits | None = None, tokenize: Callable[[str], list] | None = None,
-                     tools_ok: bool = False) -> GenParams:
+                     chat: bool = False, jinja: bool = False) -> GenParams:
     """Sampling, length, stop, streaming and slot fields of a completion or chat request (``n_ctx``: the
     slot's context, the bound of ``repeat_last_n``; ``tokenize``: text -> token ids without BOS, for the
-    text keys of ``logit_bias``; ``tools_ok``: the route takes ``tools``, server/tools.py)."""
+    text keys of ``logit_bias``; ``chat``: a chat request, whose ``tools`` (server/tools.py) and, when the server
+    renders with Jinja (``jinja``), JSON schema (server/chat_format.py) are read first and constrain the output)."""
     limits = limits or Limits()
-    _unsupported(b, tools_ok)
+    tools = fmt = None
+    if chat:
+        tools, fmt = parse_tools(b.data), chat_format(b, jinja)
+    elif b.data.get("tools") not in (None, []):
+        raise invalid("Field 'tools': tool calls are only supported on /v1/chat/completions")
     n_predict = b.int("n_predict", defaults.n_predict, aliases=("max_completion_tokens", "max_tokens"), lo=-1)
     temp = b.float("temperature", defaults.temp)
     top_k = b.int("top_k", defaults.top_k)
@@ -310,7 +298,7 @@ def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
     so = b.obj("stream_options") or {}
     include_usage = so.get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
-        raise invalid(f"Field 'stream_options.include_usage': expected true or false, got {_show(include_usage)}")
+        raise invalid(f"Field 'stream_options.include_usage': expected true or false, got {show(include_usage)}")
     stream = b.bool("stream", False)
     return_progress = b.bool("return_progress", False)
     text = {k: v for k in ("n_indent", "t_max_predict_ms")
@@ -319,16 +307,14 @@ def parse_gen_params(b: Body, defaults: Defaults, *, n_ctx: int | None = None,
         n_predict=n_predict, sampling=sampling, stop=tuple(_stop(b, limits)), speculative=parse_speculative(b),
         id_slot=b.int("id_slot", -1, lo=-1), cache_prompt=b.bool("cache_prompt", True), probs=parse_probs(b),
         shift=Shift(b.int("n_keep", 0, lo=-1, hi=I32_MAX), b.int("n_discard", 0, lo=0, hi=I32_MAX)),
-        text=TextLimits(**text), progress=return_progress and stream)
-    return GenParams(
-        options=options,
-        stream=stream,
-        include_usage=bool(include_usage),
-        timings_per_token=b.bool("timings_per_token", False),
-        return_tokens=b.bool("return_tokens", False),
-        return_progress=return_progress,
-        n_cmpl=b.int("n", 1, aliases=("n_cmpl",), lo=1, hi=MAX_N_CMPL),
-    )
+        text=TextLimits(**text), progress=return_progress and stream, owner=current_tenant())
+    gen = GenParams(options=options, stream=stream, include_usage=bool(include_usage),
+                    timings_per_token=b.bool("timings_per_token", False), return_tokens=b.bool("return_tokens", False),
+                    n_cmpl=b.int("n", 1, aliases=("n_cmpl",), lo=1, hi=MAX_N_CMPL), tools=tools, fmt=fmt)
+    grammar = constrained_grammar(sampling.grammar, tools, fmt, limits.max_grammar_alternatives)
+    if grammar is not None:  # a forced tool call's, or the Jinja chat grammar of a JSON schema
+        gen.with_grammar(grammar)
+    return gen
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -364,9 +350,9 @@ def _one_prompt(p: Any, where: str) -> tuple[list, int]:
     if isinstance(p, list):
         for x in p:
             if not (_is_token(x) or isinstance(x, str)):
-                raise invalid(f"Field '{where}': {PROMPT_KINDS}; got {_show(x)} in it")
+                raise invalid(f"Field '{where}': {PROMPT_KINDS}; got {show(x)} in it")
         return p, sum(len(x) for x in p if isinstance(x, str))
-    raise invalid(f"Field '{where}': {PROMPT_KINDS}; got {_show(p)}")
+    raise invalid(f"Field '{where}': {PROMPT_KINDS}; got {show(p)}")
 
 
 def _tokens(parts: list, tokenize: Tokenize) -> list[int]:
@@ -380,11 +366,12 @@ def _tokens(parts: list, tokenize: Tokenize) -> list[int]:
     return out
 
 
-def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt", limits: Limits | None = None, n_cmpl: int = 1,
-                  n_ctx: int | None = None) -> list[list[int]]:
+def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt", limits: Limits | None = None,
+                  n_cmpl: int = 1) -> list[list[int]]:
     """The prompt(s) of a completion request as token lists. One prompt: a string, a list of ids, a mixed
-    list, or an object ``{"prompt_string": ...}``; several prompts: a list of those (each becomes a choice). The limits (prompts x ``n_cmpl``,
-    characters; token lists against ``n_ctx``) are checked before anything is tokenised."""
+    list, or an object ``{"prompt_string": ...}``; several prompts: a list of those (each becomes a choice).
+    The limits (prompts x ``n_cmpl``, characters) are checked before anything is tokenised; the context, once
+    the prompts are tokens (:func:`llamaspec.server.pipeline.submit`)."""
     limits = limits or Limits()
     k, v = b.get(key)
     if v is None:
@@ -396,14 +383,9 @@ def parse_prompts(b: Body, tokenize: Tokenize, *, key: str = "prompt", limits: L
             raise invalid(f"Field '{k}': the prompt list is empty")
         checked = [_one_prompt(p, f"{k}[{i}]") for i, p in enumerate(v)]
     else:
-        raise invalid(f"Field '{k}': expected a string, a list or an object {{\"prompt_string\": ...}}, got {_show(v)}")
+        raise invalid(f"Field '{k}': expected a string, a list or an object {{\"prompt_string\": ...}}, got {show(v)}")
     check_generations(len(checked), n_cmpl, limits)
     check_chars(k, sum(n for _, n in checked), limits)
-    if n_ctx is not None:
-        for parts, _ in checked:
-            n_ids = sum(1 for x in parts if not isinstance(x, str))
-            if n_ids >= n_ctx:
-                raise exceed_context(n_ids, n_ctx)
     return [_tokens(parts, tokenize) for parts, _ in checked]
 
 
@@ -440,7 +422,7 @@ def parse_messages(b: Body, limits: Limits | None = None) -> list[dict[str, str]
                 else:
                     t = part.get("type") if isinstance(part, dict) else None
                     raise invalid(f"Field 'messages[{i}].content[{j}]': only text parts are supported"
-                                  + (f" (got type {_show(t)})" if t else ""))
+                                  + (f" (got type {show(t)})" if t else ""))
             text = "\n".join(parts)
         else:
             raise invalid(f"Field 'messages[{i}].content': expected a string or a list of parts")

@@ -1,4 +1,4 @@
-"""A prompt's tokens bounded from below before llama.cpp tokenises it (issue 36).
+"""A prompt's tokens bounded from below before llama.cpp tokenises it (:func:`tokenize`; issue 36).
 
 llama.cpp splits a text at every occurrence of a special token's text before it tokenises the pieces, and that
 split costs time quadratic in the occurrences (SmolLM2-135M, ``<|im_start|>`` repeated: 20,000 take 0.6 s,
@@ -23,8 +23,9 @@ from .errors import exceed_context
 
 if TYPE_CHECKING:  # pragma: no cover
     from .._llama.vocab import Vocab
+    from ..engine import Engine
 
-_CACHE: "weakref.WeakKeyDictionary[Vocab, tuple[re.Pattern | None, re.Pattern | None]]" = weakref.WeakKeyDictionary()
+_CACHE: "weakref.WeakKeyDictionary[Vocab, tuple[re.Pattern | None]]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
@@ -56,21 +57,19 @@ def trie_pattern(texts) -> re.Pattern | None:
     return re.compile(emit(trie)) if trie else None
 
 
-def _patterns(vocab: "Vocab") -> tuple[re.Pattern | None, re.Pattern | None]:
-    """(texts split at with parse_special, without): built once per vocabulary."""
+def _pattern(vocab: "Vocab") -> re.Pattern | None:
+    """The texts split at with parse_special: built once per vocabulary."""
     with _LOCK:
         got = _CACHE.get(vocab)
-        if got is not None:
-            return got
-        special, plain = vocab.special_texts()
-        got = _CACHE[vocab] = (trie_pattern(special), trie_pattern(plain))
-        return got
+        if got is None:
+            got = _CACHE[vocab] = (trie_pattern(vocab.special_texts()),)
+        return got[0]
 
 
-def count_special(vocab: "Vocab", text: str, *, parse_special: bool = True) -> int:
-    """How many special-token texts llama.cpp will split ``text`` at (each one token); checks the work's
-    cancellation flag as it counts."""
-    pattern = _patterns(vocab)[0 if parse_special else 1]
+def count_special(vocab: "Vocab", text: str) -> int:
+    """How many special-token texts llama.cpp will split ``text`` at with special tokens parsed (each one token);
+    checks the work's cancellation flag as it counts."""
+    pattern = _pattern(vocab)
     if pattern is None:
         return 0
     n = 0
@@ -80,11 +79,14 @@ def count_special(vocab: "Vocab", text: str, *, parse_special: bool = True) -> i
     return n
 
 
-def check_prompt(vocab: "Vocab", text: str, n_ctx: int, *, parse_special: bool = True) -> None:
-    """400 ``exceed_context_size_error`` before tokenising when ``text`` holds ``n_ctx`` or more special-token
-    texts (the message counts them: at least that many tokens)."""
-    if len(text) < n_ctx:  # every special text is a character at least: fewer cannot hold n_ctx of them
-        return
-    n = count_special(vocab, text, parse_special=parse_special)
-    if n >= n_ctx:
-        raise exceed_context(n, n_ctx)
+def tokenize(eng: "Engine", text: str, add_special: bool = True) -> list[int]:
+    """A prompt's tokens (special tokens parsed); before llama.cpp sees it, a 400 ``exceed_context_size_error``
+    when it holds as many special-token texts as the slot's context (the message counts them: at least that many
+    tokens), and :class:`~llamaspec.server.cancel.Abandoned` when its client left."""
+    n_ctx = eng.n_ctx_seq
+    if len(text) >= n_ctx:  # every special text is a character at least: fewer cannot hold n_ctx of them
+        n = count_special(eng.vocab, text)
+        if n >= n_ctx:
+            raise exceed_context(n, n_ctx)
+    cancel.check()
+    return eng.tokenize(text, add_special=add_special, parse_special=True)

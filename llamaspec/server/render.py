@@ -10,37 +10,20 @@ from . import formats
 from .respond import Renderer
 from .parsing import SAMPLER_FIELDS, Defaults, GenParams
 from .probs import ProbsRender
-from .tools import ToolSpec, ToolStream, parse_output
-from .chat_format import ChatFormat, FenceStream
+from .tools import ToolStream, parse_output
+from .chat_format import FenceStream
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
     from ..request import Request
-    from .state import ServerState
+    from .chat_format import ChatFormat
+    from .tools import ToolSpec
 
 SYSTEM_FINGERPRINT = f"llamaspec-{__version__}"
-
-def _timings(state: "ServerState", st) -> dict:
-    eng = state.engine
-    return formats.timings(st, speculative=eng is not None and eng.chain is not None)
 
 
 def _slot_id(req: "Request") -> int:
     return req.slot.id if req.slot is not None else -1
-
-
-def _progress(state: "ServerState", gen: GenParams, ch) -> dict:
-    """``prompt_progress`` (and ``timings`` with ``timings_per_token``) of a progress chunk."""
-    eng = state.engine
-    return formats.progress_fields(ch.progress, with_timings=gen.timings_per_token,
-                                   speculative=eng is not None and eng.chain is not None)
-
-
-def _probs_render(state: "ServerState", gen: GenParams) -> ProbsRender | None:
-    """The token-probability renderer of a request that asked for them (None: it did not)."""
-    probs = gen.options.probs
-    eng = state.engine
-    return ProbsRender(eng.vocab, probs.post_sampling) if probs is not None and eng is not None else None
 
 
 def _events(pr: ProbsRender | None, i: int, ch):
@@ -52,35 +35,84 @@ def _events(pr: ProbsRender | None, i: int, ch):
     return pr.events(i, ch)
 
 
-class _OpenAIBase(Renderer):
-    object_chunk = ""
+class Output:
+    """One choice's text, fed as it comes, as ``("content", text)`` and ``("call", call)`` events: through the
+    request's tool-call parser (server/tools.py), or the JSON of its schema on the Jinja path with the fence parsed
+    away (server/chat_format.py; then its output is not parsed into calls, as llama-server's); :meth:`whole` for a
+    whole output."""
 
-    def __init__(self, state: ServerState, gen: GenParams, model: str, prefix: str, *, verbose: bool = False):
-        self.state, self.gen, self.model = state, gen, model
-        self.probs = _probs_render(state, gen)
-        self.id = formats.new_id(prefix)
+    def __init__(self, tools: "ToolSpec | None", fmt: "ChatFormat | None"):
+        self.tools, self.fmt = tools, fmt
+        self._calls = ToolStream(tools) if tools is not None else None
+        self._fence = FenceStream() if fmt is not None else None
+
+    def feed(self, text: str) -> list:
+        if self._fence is not None:
+            text = self._fence.feed(text)
+        if self._calls is not None:
+            return self._calls.feed(text)
+        return [("content", text)] if text else []
+
+    def finish(self) -> list:
+        if self._calls is not None:
+            return self._calls.finish()
+        rest = self._fence.finish() if self._fence is not None else ""
+        return [("content", rest)] if rest else []
+
+    def whole(self, text: str) -> tuple[str | None, list[dict]]:
+        """``(content, tool_calls)`` of a whole output."""
+        text = text if self.fmt is None else self.fmt.content(text)
+        return parse_output(text, self.tools) if self.tools is not None else (text, [])
+
+
+class _OpenAIBase(Renderer):
+    """What OpenAI's completions and chat share: the ids, ``__verbose``, the usage chunk, the whole answer."""
+
+    prefix = whole_object = chunk_object = ""
+
+    def __init__(self, served):
+        super().__init__(served)
+        self.id = formats.new_id(self.prefix)
         self.created = formats.now()
-        #: the request's ``verbose`` (default: the server's ``--verbose``): llama-server's ``__verbose`` object,
-        #: the native ``/completion`` answer (its ``prompt`` is the text the model saw)
-        self.verbose = verbose
 
     def with_verbose(self, d: dict, req) -> dict:
-        if self.verbose:
-            d["__verbose"] = NativeRenderer(self.state, self.gen, self.model).final(0, req, stream=False)
+        """The request's ``verbose`` (default: the server's ``--verbose``): llama-server's ``__verbose`` object,
+        the native ``/completion`` answer (its ``prompt`` is the text the model saw)."""
+        if self.served.verbose:
+            d["__verbose"] = NativeRenderer(self.served).final(0, req, stream=False)
         return d
 
     def head(self, obj: str) -> dict:
         return {"created": self.created, "id": self.id, "model": self.model, "system_fingerprint": SYSTEM_FINGERPRINT,
                 "object": obj}
 
+    def stream_tail(self, reqs):
+        if self.gen.include_usage:
+            stats = [r.stats for r in reqs]
+            yield {"choices": [], **self.head(self.chunk_object), "usage": formats.usage(stats),
+                   "timings": self.timings(formats.merged(stats))}
+
+    def _choice(self, i: int, r) -> dict:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def whole(self, reqs):
+        stats = [r.stats for r in reqs]
+        return self.with_verbose({
+            "choices": [self._choice(i, r) for i, r in enumerate(reqs)],
+            **self.head(self.whole_object), "usage": formats.usage(stats),
+            "timings": self.timings(formats.merged(stats))}, reqs[0])
+
 
 class CompletionRenderer(_OpenAIBase):
     """``/v1/completions``: ``text_completion`` objects."""
 
+    prefix, whole_object = "cmpl", "text_completion"
+    chunk_object = whole_object
+
     def stream_chunk(self, i, req, ch):
         if getattr(ch, "progress", None) is not None:
             yield {"choices": [{"text": "", "index": i, "logprobs": None, "finish_reason": None}],
-                   **self.head("text_completion"), **_progress(self.state, self.gen, ch)}
+                   **self.head("text_completion"), **self.progress(ch)}
             return
         for text, entries, _ in _events(self.probs, i, ch):
             if not text and not entries:
@@ -89,56 +121,46 @@ class CompletionRenderer(_OpenAIBase):
             d = {"choices": [{"text": text, "index": i, "logprobs": lp, "finish_reason": None}],
                  **self.head("text_completion")}
             if self.gen.timings_per_token:
-                d["timings"] = _timings(self.state, req.stats)
+                d["timings"] = self.timings(req.stats)
             yield d
 
     def stream_finish(self, i, req):
         yield self.with_verbose({"choices": [{"text": "", "index": i, "logprobs": None,
                                               "finish_reason": formats.finish_reason(req.finish_reason)}],
                                  **self.head("text_completion"), "usage": formats.usage([req.stats]),
-                                 "timings": _timings(self.state, req.stats)}, req)
+                                 "timings": self.timings(req.stats)}, req)
 
-    def stream_tail(self, reqs):
-        if self.gen.include_usage:
-            stats = [r.stats for r in reqs]
-            yield {"choices": [], **self.head("text_completion"), "usage": formats.usage(stats),
-                   "timings": _timings(self.state, formats.merged(stats))}
-
-    def whole(self, reqs):
-        stats = [r.stats for r in reqs]
-        return self.with_verbose({
-            "choices": [{"text": r.text, "index": i, "finish_reason": formats.finish_reason(r.finish_reason),
-                         "logprobs": self.probs.completion_logprobs(r.token_probs, i) if self.probs else None}
-                        for i, r in enumerate(reqs)],
-            **self.head("text_completion"), "usage": formats.usage(stats),
-            "timings": _timings(self.state, formats.merged(stats))}, reqs[0])
+    def _choice(self, i, r):
+        return {"text": r.text, "index": i, "finish_reason": formats.finish_reason(r.finish_reason),
+                "logprobs": self.probs.completion_logprobs(r.token_probs, i) if self.probs else None}
 
 
 class ChatRenderer(_OpenAIBase):
     """``/v1/chat/completions``: ``chat.completion`` objects and ``chat.completion.chunk`` deltas."""
 
-    def __init__(self, *a, tools: ToolSpec | None = None, fmt: ChatFormat | None = None, **kw):
-        super().__init__(*a, **kw)
+    prefix, whole_object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
+
+    def __init__(self, served):
+        super().__init__(served)
         self._started: set[int] = set()
-        #: the request's JSON schema on the Jinja path: the content is the JSON, a fence parsed away
-        #: (server/chat_format.py, one parser per choice); its output is not parsed into calls, as llama-server's
-        self.fmt, self._fences = fmt, {}
-        #: the request's tools when the output is parsed into calls (server/tools.py), one parser per choice
-        self.tools = tools if tools is not None and tools.parse and fmt is None else None
-        self._streams: dict[int, ToolStream] = {}
+        self._outputs: dict[int, Output] = {}  # per choice
         self._n_calls: dict[int, int] = {}
 
-    def _tool_events(self, i: int, text: str, *, end: bool = False) -> list[dict]:
-        """The deltas of ``text`` through choice ``i``'s tool-call parser: content as it is final, each call
-        once it is complete."""
-        ts = self._streams.setdefault(i, ToolStream(self.tools))
+    def _deltas(self, i: int, events: list) -> list[dict]:
+        """Choice ``i``'s output events as deltas: content as it is final, each call once it is complete."""
         out = []
-        for kind, v in ts.feed(text) + (ts.finish() if end else []):
+        for kind, v in events:
             if kind == "content":
                 out.append({"content": v})
             else:
                 k = self._n_calls[i] = self._n_calls.get(i, 0) + 1
                 out.append({"tool_calls": [{"index": k - 1, **v}]})
+        return out
+
+    def _output(self, i: int) -> Output:
+        out = self._outputs.get(i)
+        if out is None:
+            out = self._outputs[i] = Output(self.tools, self.fmt)
         return out
 
     def _delta(self, i: int, delta: dict) -> dict:
@@ -147,75 +169,40 @@ class ChatRenderer(_OpenAIBase):
     def _role(self, i):
         if i not in self._started:
             self._started.add(i)
-            yield {"choices": [{"finish_reason": None, "index": i, "delta": {"role": "assistant", "content": None}}],
-                   **self.head("chat.completion.chunk")}
+            yield self._delta(i, {"role": "assistant", "content": None})
 
     def stream_chunk(self, i, req, ch):
         if getattr(ch, "progress", None) is not None:  # llama-server: a role delta with the progress
-            yield {"choices": [{"finish_reason": None, "index": i, "delta": {"role": "assistant", "content": None}}],
-                   **self.head("chat.completion.chunk"), **_progress(self.state, self.gen, ch)}
+            yield {**self._delta(i, {"role": "assistant", "content": None}), **self.progress(ch)}
             return
         yield from self._role(i)
         for text, entries, tokens in _events(self.probs, i, ch):
             if not text and (not entries or tokens == [ch.eog]):
                 continue  # llama-server: no chat chunk for the end-of-generation token (it adds no content)
-            if self.tools is not None:  # logprobs go with the content they came with, none with calls
-                deltas = self._tool_events(i, text)
-                for j, delta in enumerate(deltas):
-                    d = self._delta(i, delta)
-                    if entries is not None and j == 0 and "content" in delta:
-                        d["choices"][0]["logprobs"] = {"content": self.probs.content(entries)}
-                    yield d
-                continue
-            if self.fmt is not None:  # llama-server: no chunk for a token that adds no content
-                text = self._fences.setdefault(i, FenceStream()).feed(text)
-                if not text:
-                    continue
-            d = {"choices": [{"finish_reason": None, "index": i, "delta": {"content": text}}],
-                 **self.head("chat.completion.chunk")}
-            if entries is not None:
-                d["choices"][0]["logprobs"] = {"content": self.probs.content(entries)}
-            if self.gen.timings_per_token:
-                d["timings"] = _timings(self.state, req.stats)
-            yield d
+            # the plain text goes as it is (logprobs of a token without text too); through the tool-call parser or
+            # the JSON fence, llama-server sends no chunk for a token that adds no content
+            plain = self.tools is None and self.fmt is None
+            deltas = [{"content": text}] if plain else self._deltas(i, self._output(i).feed(text))
+            for j, delta in enumerate(deltas):
+                d = self._delta(i, delta)
+                if entries is not None and j == 0 and "content" in delta:  # logprobs go with their content
+                    d["choices"][0]["logprobs"] = {"content": self.probs.content(entries)}
+                if self.gen.timings_per_token and self.tools is None:
+                    d["timings"] = self.timings(req.stats)
+                yield d
 
     def stream_finish(self, i, req):
         yield from self._role(i)
-        reason = formats.finish_reason(req.finish_reason)
-        if self.tools is not None:
-            for delta in self._tool_events(i, "", end=True):
-                yield self._delta(i, delta)
-            if self._n_calls.get(i):
-                reason = "tool_calls"
-        rest = self._fences.setdefault(i, FenceStream()).finish() if self.fmt is not None else ""
-        if rest:
-            yield self._delta(i, {"content": rest})
-        yield self.with_verbose({"choices": [{"finish_reason": reason, "index": i,
-                                              "delta": {}}],
-                                 **self.head("chat.completion.chunk"), "timings": _timings(self.state, req.stats)}, req)
-
-    def stream_tail(self, reqs):
-        if self.gen.include_usage:
-            stats = [r.stats for r in reqs]
-            yield {"choices": [], **self.head("chat.completion.chunk"), "usage": formats.usage(stats),
-                   "timings": _timings(self.state, formats.merged(stats))}
-
-    def whole(self, reqs):
-        stats = [r.stats for r in reqs]
-        return self.with_verbose({
-            "choices": [self._choice(i, r) for i, r in enumerate(reqs)],
-            **self.head("chat.completion"), "usage": formats.usage(stats),
-            "timings": _timings(self.state, formats.merged(stats))}, reqs[0])
-
+        for delta in self._deltas(i, self._output(i).finish()):
+            yield self._delta(i, delta)
+        reason = "tool_calls" if self._n_calls.get(i) else formats.finish_reason(req.finish_reason)
+        yield self.with_verbose({"choices": [{"finish_reason": reason, "index": i, "delta": {}}],
+                                 **self.head("chat.completion.chunk"), "timings": self.timings(req.stats)}, req)
 
     def _choice(self, i: int, r) -> dict:
-        c = {"finish_reason": formats.finish_reason(r.finish_reason), "index": i,
-             "message": {"role": "assistant", "content": r.text if self.fmt is None else self.fmt.content(r.text)}}
-        if self.tools is not None:
-            content, calls = parse_output(r.text, self.tools)
-            if calls:
-                c["finish_reason"] = "tool_calls"
-                c["message"].update(content=content, tool_calls=calls)
+        content, calls = Output(self.tools, self.fmt).whole(r.text)
+        c = {"finish_reason": "tool_calls" if calls else formats.finish_reason(r.finish_reason), "index": i,
+             "message": {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}}
         if self.probs is not None:
             c["logprobs"] = {"content": self.probs.content(r.token_probs)}
         return c
@@ -224,17 +211,11 @@ class ChatRenderer(_OpenAIBase):
 class NativeRenderer(Renderer):
     """llama.cpp's ``/completion``: ``content`` chunks, a final object with ``stop: true``, no ``[DONE]``."""
 
-    openai = False
-
-    def __init__(self, state: ServerState, gen: GenParams, model: str):
-        self.state, self.gen, self.model = state, gen, model
-        self.probs = _probs_render(state, gen)
-
     def stream_chunk(self, i, req, ch):
         if getattr(ch, "progress", None) is not None:
             yield {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": _slot_id(req),
                    "tokens_predicted": 0, "tokens_evaluated": len(req.prompt_tokens),
-                   **_progress(self.state, self.gen, ch)}
+                   **self.progress(ch)}
             return
         for text, entries, tokens in _events(self.probs, i, ch):
             if not text and not entries and not (self.gen.return_tokens and tokens):
@@ -245,22 +226,21 @@ class NativeRenderer(Renderer):
             if entries:
                 d["completion_probabilities"] = self.probs.content(entries)
             if self.gen.timings_per_token:
-                d["timings"] = _timings(self.state, req.stats)
+                d["timings"] = self.timings(req.stats)
             yield d
 
     def final(self, i, req, *, stream: bool) -> dict:
-        eng = self.state.engine
-        st = req.stats
+        st, settings = req.stats, self.served.settings()  # (None: the engine is gone, its vocabulary with it)
         d = {
             "index": i, "content": "" if stream else req.text,
             "tokens": _tokens(req) if self.gen.return_tokens and not stream else [],
             "id_slot": _slot_id(req), "stop": True, "model": self.model,
             "tokens_predicted": formats.n_predicted(st), "tokens_evaluated": st.n_prompt,
-            "generation_settings": generation_settings(eng, self.gen, self.state.config.defaults, self.model) if eng else {},
-            "prompt": eng.vocab.detokenize(req.prompt_tokens, unparse_special=True) if eng else "",
+            "generation_settings": settings if settings is not None else {},
+            "prompt": self.served.vocab.detokenize(req.prompt_tokens, unparse_special=True) if settings is not None else "",
             "has_new_line": "\n" in req.text, "truncated": req.truncated,
             "stop_type": req.stop_type or "none", "stopping_word": req.stopping_word, "tokens_cached": len(req.prompt_tokens) + len(req.tokens),
-            "timings": _timings(self.state, st),
+            "timings": self.timings(st),
         }
         if self.probs is not None and not stream:
             d["completion_probabilities"] = self.probs.content(req.token_probs)

@@ -1,5 +1,5 @@
-"""The ASGI response of ``/completion``, ``/v1/completions`` and ``/v1/chat/completions``
-(:class:`GenerationResponse`) and the base of the routes' renderers (:class:`Renderer`).
+"""The ASGI response of every generation route (:class:`GenerationResponse`) and the base of their renderers
+(:class:`Renderer`, given what it reads of the request it answers: :class:`Served`).
 
 While it waits for its group's chunks (:class:`~llamaspec.server.jobs.JobGroup`) a response also waits for the
 client's ``http.disconnect``; a client that goes away (before the prompt is processed, while it is, or
@@ -14,17 +14,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 import anyio
 
 from ..slot import Chunk
+from . import formats
 from .jobs import JobGroup
+from .probs import ProbsRender
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .._llama.vocab import Vocab
     from ..request import Request
+    from .parsing import GenParams
 
-__all__ = ["GenerationResponse", "Renderer", "dumps", "send_json", "sse"]
+__all__ = ["GenerationResponse", "Renderer", "Served", "dumps", "send_json", "sse"]
 
 log = logging.getLogger("llamaspec.server")
 
@@ -40,10 +45,38 @@ def sse(obj: Any) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else dumps(obj)) + b"\n\n"
 
 
+@dataclass(frozen=True)
+class Served:
+    """What a renderer reads of the request it answers (never the server's state): its fields, the model name it
+    echoes, the vocabulary (token texts), whether the server speculates (``draft_n`` in ``timings``), its
+    ``generation_settings`` (None once the engine is gone) and ``verbose``."""
+
+    gen: "GenParams"
+    model: str
+    vocab: "Vocab"
+    speculative: bool
+    settings: Callable[[], "dict | None"]
+    verbose: bool = False
+
+
 class Renderer:
     """Turns one route's chunks into its JSON shapes (see ``app.py``)."""
 
-    openai = True  # OpenAI routes end a stream with ``data: [DONE]``
+    def __init__(self, served: Served):
+        self.served, self.gen, self.model = served, served.gen, served.model
+        probs = served.gen.options.probs
+        self.probs = ProbsRender(served.vocab, probs.post_sampling) if probs is not None else None
+        #: the request's tools when its output is parsed into calls (not when its JSON schema is the output)
+        tools, self.fmt = self.gen.tools, self.gen.fmt
+        self.tools = tools if tools is not None and tools.parse and self.fmt is None else None
+
+    def timings(self, st) -> dict:
+        return formats.timings(st, speculative=self.served.speculative)
+
+    def progress(self, ch: Chunk) -> dict:
+        """``prompt_progress`` (and ``timings`` with ``timings_per_token``) of a progress chunk."""
+        return formats.progress_fields(ch.progress, with_timings=self.gen.timings_per_token,
+                                       speculative=self.served.speculative)
 
     def stream_chunk(self, i: int, req: "Request", ch: Chunk) -> Iterable[dict]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -66,10 +99,12 @@ class GenerationResponse:
     """ASGI response for a generation route: waits for the engine without blocking the event loop and
     cancels the engine requests when the client disconnects (see the module docstring)."""
 
-    def __init__(self, group: JobGroup, renderer: Renderer, *, stream: bool, ping_interval: float = 30.0):
+    def __init__(self, group: JobGroup, renderer: Renderer, *, stream: bool, ping_interval: float = 30.0,
+                 done: bool = True):
         self.group = group
         self.renderer = renderer
         self.stream = stream
+        self.done = done  # a stream ends with OpenAI's ``data: [DONE]``
         group.stream = stream
         self.ping_interval = ping_interval if ping_interval and ping_interval > 0 else None
         self.disconnected = False
@@ -172,7 +207,7 @@ class GenerationResponse:
                         await body(out)
             if group.all_done:
                 tail = b"".join(rnd.encode(o) for o in rnd.stream_tail(group.reqs))
-                if rnd.openai:
+                if self.done:
                     tail += b"data: [DONE]\n\n"
                 if tail:
                     await body(tail)

@@ -31,14 +31,11 @@ from typing import TYPE_CHECKING, Any
 from .. import _llama as llama
 from . import cancel, formats
 from .errors import invalid
-from .respond import Renderer, dumps
-from .tools import ToolSpec, ToolStream, parse_output
-from .chat_format import ChatFormat, FenceStream
+from .render import Output
+from .respond import Renderer, Served, dumps
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..request import Request
-    from .parsing import GenParams
-    from .state import ServerState
 
 __all__ = ["to_chat", "ResponsesRenderer"]
 
@@ -254,10 +251,6 @@ def to_chat(body: dict) -> dict:
         rf = _response_format(text.get("format"))
         if rf is not None and out.get("response_format") is None:
             out["response_format"] = rf
-    for key in ("n", "n_cmpl"):  # n_cmpl: the alias the chat path reads too
-        n = out.get(key)
-        if n is not None and (isinstance(n, bool) or n != 1):
-            raise invalid(f"Field '{key}': the Responses API gives one answer per request")
     return out
 
 
@@ -273,18 +266,12 @@ class ResponsesRenderer(Renderer):
     """``/v1/responses``: a ``response`` object, or llama-server's stream of Responses events (``tools``: the
     request's, when the output is parsed into function calls)."""
 
-    openai = False  # the stream ends with response.completed, no [DONE]
-
-    def __init__(self, state: "ServerState", gen: "GenParams", model: str, tools: ToolSpec | None = None,
-                 fmt: ChatFormat | None = None):
-        self.state, self.gen, self.model = state, gen, model
+    def __init__(self, served: Served):
+        super().__init__(served)
         self.id = "resp_" + uuid.uuid4().hex  # OpenAI's (and llama-server's) prefixes: resp_, msg_
         self.msg_id = "msg_" + uuid.uuid4().hex
         self.created = formats.now()
-        self.tools = tools if tools is not None and tools.parse and fmt is None else None
-        self._stream = ToolStream(self.tools) if self.tools is not None else None
-        #: a JSON schema on the Jinja path: the text is the JSON, a fence parsed away (server/chat_format.py)
-        self.fmt, self._fence = fmt, FenceStream() if fmt is not None else None
+        self._output = Output(self.tools, self.fmt)
         self._begun = False
         self._msg_index: int | None = None  # the message item's output_index once its text began
         self._text = ""  # the message's text so far (a stream)
@@ -295,10 +282,6 @@ class ResponsesRenderer(Renderer):
         obj = {**obj, "sequence_number": self._seq}
         self._seq += 1
         return b"event: " + obj["type"].encode() + b"\ndata: " + dumps(obj) + b"\n\n"
-
-    def _timings(self, st) -> dict:
-        eng = self.state.engine
-        return formats.timings(st, speculative=eng is not None and getattr(eng, "chain", None) is not None)
 
     def _stub(self) -> dict:
         return {"id": self.id, "object": "response", "status": "in_progress"}
@@ -345,21 +328,15 @@ class ResponsesRenderer(Renderer):
             yield from (self._text_events(v) if kind == "content" else self._call_events(v))
 
     def stream_chunk(self, i, req, ch):
-        progress = getattr(ch, "progress", None)
-        if progress is not None:
-            eng = self.state.engine
-            yield from self._begin(formats.progress_fields(
-                progress, with_timings=self.gen.timings_per_token,
-                speculative=eng is not None and getattr(eng, "chain", None) is not None))
+        if getattr(ch, "progress", None) is not None:
+            yield from self._begin(self.progress(ch))
             return
         if not ch.text:
             return
         yield from self._begin()
-        text = self._fence.feed(ch.text) if self._fence is not None else ch.text
-        evs = list(self._events(self._stream.feed(text) if self._stream is not None else
-                                [("content", text)] if text else []))
+        evs = list(self._events(self._output.feed(ch.text)))
         if evs and self.gen.timings_per_token:
-            evs[-1]["timings"] = self._timings(req.stats)
+            evs[-1]["timings"] = self.timings(req.stats)
         yield from evs
 
     def _message(self, text: str) -> dict:
@@ -374,11 +351,7 @@ class ResponsesRenderer(Renderer):
 
     def stream_finish(self, i, req):
         yield from self._begin()
-        if self._stream is not None:
-            yield from self._events(self._stream.finish())
-        rest = self._fence.finish() if self._fence is not None else ""
-        if rest:
-            yield from self._text_events(rest)
+        yield from self._events(self._output.finish())
         output = sorted(self._items, key=lambda x: x[0])
         if self._msg_index is not None:
             msg = self._message(self._text)
@@ -393,12 +366,11 @@ class ResponsesRenderer(Renderer):
         yield {"type": "response.completed",
                "response": {"id": self.id, "object": "response", "created_at": formats.now(), "status": "completed",
                             "model": self.model, "output": [item for _, item in output], "usage": self._usage(req)},
-               "timings": self._timings(req.stats)}
+               "timings": self.timings(req.stats)}
 
     def whole(self, reqs):
         req = reqs[0]
-        text = req.text if self.fmt is None else self.fmt.content(req.text)
-        text, calls = (parse_output(text, self.tools) if self.tools is not None else (text, []))
+        text, calls = self._output.whole(req.text)
         output = ([self._message(text)] if text else []) + [_call_item(c) for c in calls]
         return {"completed_at": formats.now(), "created_at": self.created, "id": self.id, "model": self.model,
                 "object": "response", "output": output, "status": "completed", "usage": self._usage(req)}

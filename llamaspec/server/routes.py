@@ -1,8 +1,7 @@
-"""The handlers of ``llamaspec serve`` (the route table is :func:`llamaspec.server.app.create_app`'s) and the
-request -> engine bridge they share (:func:`submit`)."""
+"""The handlers of ``llamaspec serve`` other than the generation routes (those are
+:mod:`~llamaspec.server.pipeline`'s; the route table is :func:`llamaspec.server.app.create_app`'s)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -10,249 +9,48 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from .. import _llama
-from ..errors import ContextOverflowError
-from . import formats
+from . import cancel, formats
 from .chat_prompt import chat_prompt
-from .errors import ApiError, api_error, exceed_context, invalid, not_supported, unavailable
-from . import cancel
-from .jobs import JobGroup, in_worker
-from .respond import GenerationResponse
-from .limits import check_chars, check_generations, read_body
+from .errors import ApiError, invalid, not_supported, unavailable
+from .jobs import in_worker
+from .limits import check_chars
 from .metrics import render as render_metrics
-from .prompt_bound import check_prompt
-from .parsing import Body, GenParams, parse_gen_params, parse_json, parse_messages, parse_prompts
-from .render import SYSTEM_FINGERPRINT, ChatRenderer, CompletionRenderer, NativeRenderer, generation_settings
-from .responses import ResponsesRenderer, to_chat
+from .parsing import parse_messages
+from .pipeline import read_json, state_of
+from .render import SYSTEM_FINGERPRINT, generation_settings
 from .state import ServerState
-from .tenant import current_tenant
-from .tools import ToolSpec, parse_tools
-from .chat_format import ChatFormat, chat_format, constrained_grammar
+from .tools import parse_tools
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
-    from ..request import Request
 
-__all__ = ["submit", "completions_oai", "completion_native", "chat_completions", "health", "models", "tokenize",
-           "detokenize", "slots", "props", "metrics", "apply_template", "chat_input_tokens", "responses"]
-
-
-# ---------------------------------------------------------------------------------------------------
-# request -> engine
-# ---------------------------------------------------------------------------------------------------
-def _tokenizer(eng: "Engine"):
-    def tokenize(text: str, add_special: bool) -> list[int]:
-        return _tokenize_prompt(eng, text, add_special)
-
-    return tokenize
+__all__ = ["health", "models", "tokenize", "detokenize", "slots", "props", "metrics", "apply_template",
+           "chat_input_tokens"]
 
 
-def _tokenize_prompt(eng: "Engine", text: str, add_special: bool = True) -> list[int]:
-    """A prompt's tokens (special tokens parsed); a 400 before llama.cpp sees it when its special-token texts
-    alone are too many for the slot's context (:mod:`~llamaspec.server.prompt_bound`)."""
-    check_prompt(eng.vocab, text, eng.n_ctx_seq)
-    cancel.check()
-    return eng.tokenize(text, add_special=add_special, parse_special=True)
-
-
-def submit(state: ServerState, prompts: list[list[int]], gen: GenParams) -> JobGroup:
-    """Queue one engine request per prompt (times ``n``); 400 / 503 before anything runs when one cannot
-    (a worker thread runs it, or the event loop for a small request: ``Engine.submit`` builds samplers and may
-    admit)."""
+async def _chat_text(request: HttpRequest, answer) -> JSONResponse:
+    """The answer ``answer(engine, text)`` about a request's chat prompt text (made off the event loop, as every
+    piece of work whose size the client chooses: the messages, 250k of them)."""
+    state = state_of(request)
     eng = state.need_engine()
-    state.check_accepting()
-    check_generations(len(prompts), gen.n_cmpl, state.config.limits)
-    n_ctx = eng.n_ctx_seq
-    for toks in prompts:  # llama-server's exceed_context_size_error before anything is queued
-        if len(toks) >= n_ctx:
-            raise exceed_context(len(toks), n_ctx)
-    # the engine validates them (a UsageError is a 400 naming the field, before anything is queued)
-    opts = dataclasses.replace(gen.options, owner=current_tenant())  # the API key's tenant (server/tenant.py)
-    reqs: list["Request"] = []
-    state.admission.reserve(len(prompts) * gen.n_cmpl)  # 503 + Retry-After when the server is full
-    try:
-        for toks in prompts:
-            for _ in range(gen.n_cmpl):
-                reqs.append(eng.submit(toks, opts))
-    except BaseException as e:
-        state.admission.release(len(prompts) * gen.n_cmpl)
-        for r in reqs:
-            r.cancel()
-        if isinstance(e, ContextOverflowError):
-            raise exceed_context(max(len(t) for t in prompts), n_ctx) from e
-        raise api_error(e) from e
-    group = JobGroup(reqs, on_close=state.drop_group, dispatcher=state.dispatcher)
-    state.add_group(group)
-    return group
-
-
-# ---------------------------------------------------------------------------------------------------
-# routes
-# ---------------------------------------------------------------------------------------------------
-def _state(request: HttpRequest) -> ServerState:
-    return request.app.state.llamaspec
-
-
-async def _body(request: HttpRequest) -> Body:
-    limits = _state(request).config.limits
-    raw = await read_body(request, limits)  # 413 past --max-body-size
-    if len(raw) > 65536:  # a large body is parsed off the event loop
-        return Body(await in_worker(parse_json, raw, limits, request=request), len(raw))
-    return Body(parse_json(raw, limits), len(raw))
-
-
-#: a body up to this size, asking for at most INLINE_REQUESTS generations and no grammar, is tokenised and
-#: submitted on the event loop: tens of microseconds of native work, against ~0.3 ms for the hop to a
-#: worker thread and back
-INLINE_BODY = 8192
-INLINE_REQUESTS = 4
-_GRAMMAR_FIELDS = ("grammar", "json_schema", "response_format", "tools", "tool_choice")
-
-
-def _inline(b: Body) -> bool:
-    """Whether the request is cheap to submit on the event loop (see INLINE_BODY).
-
-    >>> _inline(Body({"prompt": "hi", "n": 2}, size=30)), _inline(Body({"prompt": ["a"] * 5}, size=30))
-    (True, False)
-    >>> _inline(Body({"prompt": "hi", "grammar": "root ::= x"}, size=40)), _inline(Body({"prompt": "hi"}, size=9000))
-    (False, False)
-    """
-    if b.size is None or b.size > INLINE_BODY or any(b.data.get(k) is not None for k in _GRAMMAR_FIELDS):
-        return False
-    prompt = b.data.get("prompt")
-    n = b.data.get("n", b.data.get("n_cmpl", 1))
-    n_prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
-    return isinstance(n, int) and n_prompts * n <= INLINE_REQUESTS
-
-
-async def _generation(state: ServerState, b: Body, prompts, tools: ToolSpec | None = None,
-                      request: HttpRequest | None = None, fmt: ChatFormat | None = None) -> tuple[GenParams, JobGroup]:
-    """Parse, tokenise (``prompts(b, gen)``: the token lists) and submit, in a worker thread unless the request
-    is small (:func:`_inline`); ``tools``: the chat request's (a forced ``tool_choice`` constrains the output
-    with their grammar); ``request``: its HTTP request (the work stops when its client leaves); ``fmt``: its
-    JSON schema on the Jinja chat path (server/chat_format.py)."""
-    eng = state.need_engine()
-
-    def work() -> tuple[GenParams, JobGroup]:
-        gen = parse_gen_params(b, state.config.defaults, n_ctx=eng.n_ctx_seq, limits=state.config.limits,
-                               tokenize=lambda text: eng.tokenize(text, add_special=False, parse_special=False),
-                               tools_ok=tools is not None)
-        grammar = constrained_grammar(gen.sampling.grammar, tools, fmt, state.config.limits.max_grammar_alternatives)
-        if grammar is not None:
-            gen.with_grammar(grammar)
-        return gen, submit(state, prompts(b, gen), gen)
-
-    return work() if _inline(b) else await in_worker(work, request=request)
-
-
-def _respond(state: ServerState, gen: GenParams, group: JobGroup, renderer) -> GenerationResponse:
-    """The response of a generation route (``renderer()`` makes its renderer). Until the response owns the
-    group, an error (a bad field read last) closes it: its requests are cancelled and their admission released
-    (they would otherwise run on and count against --max-queued-generations forever)."""
-    try:
-        return GenerationResponse(group, renderer(), stream=gen.stream, ping_interval=state.config.sse_ping_interval)
-    except BaseException:
-        group.close()
-        raise
-
-
-def _model_name(b: Body, state: ServerState) -> str:
-    v = b.data.get("model")
-    return v if isinstance(v, str) and v else state.config.model_id
-
-
-def _verbose(b: Body, state: ServerState) -> bool:
-    """The request's ``verbose`` (llama-server: ``__verbose`` in the answer), default ``--verbose``."""
-    v = b.data.get("verbose")
-    if v is None:
-        return state.config.verbose > 0
-    if not isinstance(v, bool):
-        raise invalid(f"Field 'verbose': expected true or false, got {v!r}")
-    return v
-
-
-def _completion_prompts(state: ServerState, eng: "Engine"):
-    """How /completion and /v1/completions read their prompts (``_generation``'s prompt parser)."""
-    return lambda b, gen: parse_prompts(b, _tokenizer(eng), limits=state.config.limits, n_cmpl=gen.n_cmpl,
-                                        n_ctx=eng.n_ctx_seq)
-
-
-async def completions_oai(request: HttpRequest):
-    state = _state(request)
-    eng = state.need_engine()
-    b = await _body(request)
-    verbose = _verbose(b, state)
-    gen, group = await _generation(state, b, _completion_prompts(state, eng), request=request)
-    return _respond(state, gen, group, lambda: CompletionRenderer(state, gen, _model_name(b, state), "cmpl",
-                                                                  verbose=verbose))
-
-
-async def completion_native(request: HttpRequest):
-    state = _state(request)
-    eng = state.need_engine()
-    b = await _body(request)
-    gen, group = await _generation(state, b, _completion_prompts(state, eng), request=request)
-    return _respond(state, gen, group, lambda: NativeRenderer(state, gen, _model_name(b, state)))
-
-
-def _chat_prompts(state: ServerState, eng: "Engine"):
-    """How the chat routes read their prompt (``_generation``'s prompt parser): the messages, templated."""
-    def prompt(b: Body, gen: GenParams) -> list[list[int]]:
-        text = chat_prompt(state, b.data, parse_messages(b, state.config.limits))
-        return [_tokenize_prompt(eng, text)]
-
-    return prompt
-
-
-async def chat_completions(request: HttpRequest):
-    state = _state(request)
-    eng = state.need_engine()
-    b = await _body(request)
-    verbose = _verbose(b, state)
-    tools = parse_tools(b.data)  # 400 on bad tools before anything runs
-    fmt = chat_format(state, b)
-    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools, request=request, fmt=fmt)
-    return _respond(state, gen, group, lambda: ChatRenderer(state, gen, _model_name(b, state), "chatcmpl",
-                                                            verbose=verbose, tools=tools, fmt=fmt))
-
-
-async def responses(request: HttpRequest):
-    """OpenAI's Responses API over the chat path (:mod:`llamaspec.server.responses`)."""
-    state = _state(request)
-    eng = state.need_engine()
-    raw = await _body(request)
-    # off the event loop: the input list's length is the client's (100k items take seconds)
-    b, tools = await in_worker(lambda: (lambda b: (b, parse_tools(b.data)))(Body(to_chat(raw.data), raw.size)),
-                               request=request)
-    fmt = chat_format(state, b)
-    gen, group = await _generation(state, b, _chat_prompts(state, eng), tools=tools, request=request, fmt=fmt)
-    return _respond(state, gen, group, lambda: ResponsesRenderer(state, gen, _model_name(b, state), tools, fmt))
+    b = await read_json(request)
+    return await in_worker(lambda: JSONResponse(answer(eng, chat_prompt(
+        state, b.data, parse_messages(b, state.config.limits), parse_tools(b.data)))), request=request)
 
 
 async def apply_template(request: HttpRequest):
     """llama-server's ``POST /apply-template``: the chat prompt text, not generated."""
-    state = _state(request)
-    state.need_engine()
-    b = await _body(request)
-    # off the event loop, as every piece of work whose size the client chooses (the messages: 250k of them)
-    return await in_worker(lambda: JSONResponse(
-        {"prompt": chat_prompt(state, b.data, parse_messages(b, state.config.limits))}), request=request)
+    return await _chat_text(request, lambda eng, text: {"prompt": text})
 
 
 async def chat_input_tokens(request: HttpRequest):
     """``POST /v1/chat/completions/input_tokens``: how many tokens the chat prompt is."""
-    state = _state(request)
-    eng = state.need_engine()
-    b = await _body(request)
-
-    def count() -> JSONResponse:
-        text = chat_prompt(state, b.data, parse_messages(b, state.config.limits))
-        return JSONResponse({"input_tokens": len(eng.tokenize(text, add_special=True, parse_special=True))})
-
-    return await in_worker(count, request=request)
+    return await _chat_text(request, lambda eng, text: {
+        "input_tokens": len(eng.tokenize(text, add_special=True, parse_special=True))})
 
 
 async def health(request: HttpRequest):
-    state = _state(request)
+    state = state_of(request)
     if not state.ready:
         raise unavailable("Loading model")
     state.check_accepting()  # draining after a SIGTERM: route elsewhere
@@ -262,7 +60,7 @@ async def health(request: HttpRequest):
 
 
 async def models(request: HttpRequest):
-    state = _state(request)
+    state = state_of(request)
     eng = state.need_engine()
     m = eng.model
     meta = {"vocab_type": getattr(eng.vocab, "type", None), "n_vocab": eng.vocab.n_tokens,
@@ -285,9 +83,9 @@ async def models(request: HttpRequest):
 
 
 async def tokenize(request: HttpRequest):
-    state = _state(request)
+    state = state_of(request)
     eng = state.need_engine()
-    b = await _body(request)
+    b = await read_json(request)
     content = b.str("content", None)
     if content is None:
         raise invalid("\"content\" must be provided")
@@ -325,9 +123,9 @@ def _json_list(key: str, items: list, step: int = 8192) -> Response:
 
 
 async def detokenize(request: HttpRequest):
-    state = _state(request)
+    state = state_of(request)
     eng = state.need_engine()
-    b = await _body(request)
+    b = await read_json(request)
     key, toks = b.get("tokens")
     if toks is None:
         toks = []
@@ -377,7 +175,7 @@ def _spec_json(rs) -> dict | None:
 
 
 async def slots(request: HttpRequest):
-    state = _state(request)
+    state = state_of(request)
     if not state.config.slots:
         raise not_supported("This server does not support slots endpoint.")
     eng = state.need_engine()
@@ -389,11 +187,11 @@ async def slots(request: HttpRequest):
 
 
 async def props(request: HttpRequest):
-    state = _state(request)
+    state = state_of(request)
     if request.method == "POST":
         if not state.config.props:
             raise not_supported("This server does not support changing global properties. Start it with `--props`")
-        await _body(request)  # a JSON object (nothing in it changes the server yet, as in llama-server)
+        await read_json(request)  # a JSON object (nothing in it changes the server yet, as in llama-server)
         return JSONResponse({"success": True})
     eng = state.need_engine()
     cfg = state.config
@@ -429,7 +227,7 @@ async def props(request: HttpRequest):
 
 
 async def metrics(request: HttpRequest):
-    state = _state(request)
+    state = state_of(request)
     if not state.config.metrics:
         raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
     state.need_engine()

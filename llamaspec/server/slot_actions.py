@@ -35,7 +35,7 @@ from ..errors import LlamaSpecError
 from ..slot_file import SlotFileError, valid_filename
 from ..slot_state import SlotBusyError
 from .errors import ApiError, api_error, invalid, not_supported
-from .routes import _body, _state
+from .pipeline import read_json, state_of
 
 __all__ = ["slot_action", "SLOT_WAIT_S", "SLOT_WORKERS"]
 
@@ -60,7 +60,7 @@ async def _in_slot_worker(fn: Callable[[], Any]) -> Any:
 
 
 async def slot_action(request: HttpRequest):
-    state = _state(request)
+    state = state_of(request)
     directory = state.config.slot_save_path
     if not directory:
         raise not_supported("This server does not support slots action. Start it with `--slot-save-path`")
@@ -77,7 +77,7 @@ async def slot_action(request: HttpRequest):
     if action == "erase":
         n = await _in_slot_worker(lambda: eng.slot_store.erase(id_slot, timeout=SLOT_WAIT_S))
         return JSONResponse({"id_slot": id_slot, "n_erased": n})
-    b = await _body(request)
+    b = await read_json(request)
     filename = b.data.get("filename")
     if not isinstance(filename, str):
         raise invalid("Field 'filename': expected the name of a file in the --slot-save-path directory")

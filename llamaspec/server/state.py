@@ -139,10 +139,7 @@ class ServerState:
             self.on_ready(self)
 
     def shutdown(self) -> None:
-        with self._lock:
-            groups = list(self.groups)
-        for g in groups:
-            g.cancel()
+        self.cancel_all()
         eng, self.engine = self.engine, None
         if eng is not None:
             with contextlib.suppress(Exception):

@@ -1,5 +1,5 @@
 """The tenant of the request being served: a hash of the API key it was authorized with (``""`` without a
-key). :class:`~llamaspec.server.middleware.GuardMiddleware` sets it; :func:`llamaspec.server.routes.submit`
+key). :class:`~llamaspec.server.middleware.GuardMiddleware` sets it; :func:`llamaspec.server.pipeline.submit`
 hands it to ``Engine.submit(owner=...)``, so the shared n-gram pool drafts a request only from its own
 tenant's text (``--spec-pool-shared``: from everyone's). Only the hash travels, never the key.
 

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from .errors import invalid
+from .errors import invalid, show
 from .pythonic import parse_calls as pythonic_calls
 
 __all__ = ["ToolSpec", "ToolStream", "message_extras", "parse_output", "parse_tools", "new_call_id"]
@@ -33,11 +33,6 @@ TOOL_CODE, FENCE_CLOSE = "```tool_code", "```"  # Gemma 3
 _MARKERS = (HERMES_OPEN, MISTRAL, PYTHON_TAG, TOOL_CODE)
 _CLOSE = {HERMES_OPEN: HERMES_CLOSE, TOOL_CODE: FENCE_CLOSE}
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
-
-
-def _show(v: Any) -> str:
-    s = json.dumps(v, default=str)
-    return s if len(s) <= 60 else s[:57] + "..."
 
 
 def new_call_id() -> str:
@@ -144,21 +139,21 @@ def _check_tool(i: int, t: Any) -> dict:
     where = f"tools[{i}]"
     if not isinstance(t, dict):
         raise invalid(f"Field '{where}': expected an object {{\"type\": \"function\", \"function\": {{...}}}}, "
-                      f"got {_show(t)}")
+                      f"got {show(t)}")
     if t.get("type", "function") != "function":
-        raise invalid(f"Field '{where}.type': only \"function\" tools are supported, got {_show(t.get('type'))}")
+        raise invalid(f"Field '{where}.type': only \"function\" tools are supported, got {show(t.get('type'))}")
     f = t.get("function")
     if not isinstance(f, dict):
-        raise invalid(f"Field '{where}.function': expected an object with 'name' (and 'parameters'), got {_show(f)}")
+        raise invalid(f"Field '{where}.function': expected an object with 'name' (and 'parameters'), got {show(f)}")
     name = f.get("name")
     if not isinstance(name, str) or not name:
-        raise invalid(f"Field '{where}.function.name': expected a non-empty string, got {_show(name)}")
+        raise invalid(f"Field '{where}.function.name': expected a non-empty string, got {show(name)}")
     params = f.get("parameters")
     if params is not None and not isinstance(params, dict):
-        raise invalid(f"Field '{where}.function.parameters': expected a JSON schema object, got {_show(params)}")
+        raise invalid(f"Field '{where}.function.parameters': expected a JSON schema object, got {show(params)}")
     desc = f.get("description")
     if desc is not None and not isinstance(desc, str):
-        raise invalid(f"Field '{where}.function.description': expected a string, got {_show(desc)}")
+        raise invalid(f"Field '{where}.function.description': expected a string, got {show(desc)}")
     return {**t, "type": "function"}
 
 
@@ -169,28 +164,28 @@ def parse_tools(data: dict) -> ToolSpec | None:
     choice = data.get("tool_choice")
     if raw is None or raw == []:
         if choice not in (None, "none", "auto"):
-            raise invalid(f"Field 'tool_choice': {_show(choice)} needs 'tools'")
+            raise invalid(f"Field 'tool_choice': {show(choice)} needs 'tools'")
         return None
     if not isinstance(raw, list):
-        raise invalid(f"Field 'tools': expected a list of tools, got {_show(raw)}")
+        raise invalid(f"Field 'tools': expected a list of tools, got {show(raw)}")
     tools = [_check_tool(i, t) for i, t in enumerate(raw)]
     names = [t["function"]["name"] for t in tools]
     spec = ToolSpec(tools, names=names)
     par = data.get("parallel_tool_calls")
     if par is not None and not isinstance(par, bool):
-        raise invalid(f"Field 'parallel_tool_calls': expected true or false, got {_show(par)}")
+        raise invalid(f"Field 'parallel_tool_calls': expected true or false, got {show(par)}")
     spec.parallel = par
     if choice is None or choice in ("auto", "none", "required"):
         spec.choice = choice or "auto"
     elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if name not in names:
-            raise invalid(f"Field 'tool_choice.function.name': {_show(name)} is not one of the tools "
+            raise invalid(f"Field 'tool_choice.function.name': {show(name)} is not one of the tools "
                           f"({', '.join(names)})")
         spec.choice, spec.name = "function", name
     else:
         raise invalid(f"Field 'tool_choice': expected \"none\", \"auto\", \"required\" or "
-                      f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {_show(choice)}")
+                      f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {show(choice)}")
     return spec
 
 
@@ -204,10 +199,10 @@ class _Arguments(dict):
 def _template_call(where: str, c: Any) -> dict:
     if not isinstance(c, dict) or not isinstance(c.get("function"), dict):
         raise invalid(f"Field '{where}': expected {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
-                      f"\"arguments\"}}}}, got {_show(c)}")
+                      f"\"arguments\"}}}}, got {show(c)}")
     f = c["function"]
     if not isinstance(f.get("name"), str) or not f["name"]:
-        raise invalid(f"Field '{where}.function.name': expected a non-empty string, got {_show(f.get('name'))}")
+        raise invalid(f"Field '{where}.function.name': expected a non-empty string, got {show(f.get('name'))}")
     args = f.get("arguments")
     if isinstance(args, str):
         try:
@@ -218,7 +213,7 @@ def _template_call(where: str, c: Any) -> dict:
     elif isinstance(args, dict) or args is None:
         args = _Arguments(args or {})
     else:
-        raise invalid(f"Field '{where}.function.arguments': expected a JSON string, got {_show(args)}")
+        raise invalid(f"Field '{where}.function.arguments': expected a JSON string, got {show(args)}")
     return {**c, "type": "function", "function": {**f, "arguments": args}}
 
 
@@ -230,14 +225,14 @@ def message_extras(m: dict, i: int) -> dict:
     calls = m.get("tool_calls")
     if calls is not None:
         if not isinstance(calls, list):
-            raise invalid(f"Field 'messages[{i}].tool_calls': expected a list of calls, got {_show(calls)}")
+            raise invalid(f"Field 'messages[{i}].tool_calls': expected a list of calls, got {show(calls)}")
         if calls:
             out["tool_calls"] = [_template_call(f"messages[{i}].tool_calls[{j}]", c) for j, c in enumerate(calls)]
     for k in ("tool_call_id", "name"):
         v = m.get(k)
         if v is not None:
             if not isinstance(v, str):
-                raise invalid(f"Field 'messages[{i}].{k}': expected a string, got {_show(v)}")
+                raise invalid(f"Field 'messages[{i}].{k}': expected a string, got {show(v)}")
             out[k] = v
     return out
 
