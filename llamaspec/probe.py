@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from . import _llama as llama
@@ -53,19 +52,16 @@ def probe_levels(model: llama.Model, *, n_rs_seq: int = DEFAULT_RS_PROBE, n_ctx:
                  n_threads_batch: int | None = None) -> LevelProbe:
     """Probe ``model`` on scratch contexts: level with ``n_rs_seq = 0`` and with ``n_rs_seq`` requested."""
     n_ctx = _scratch_ctx(model, n_ctx)
-    with llama.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_threads=n_threads, n_threads_batch=n_threads_batch) as ctx:
-        level = can_seq_rm(ctx)
-    with llama.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_rs_seq=n_rs_seq, n_threads=n_threads,
-                       n_threads_batch=n_threads_batch) as ctx:
-        got = ctx.n_rs_seq
-        level_rs = can_seq_rm(ctx)
-    return LevelProbe(level, level_rs, got)
+    got = []
+    for rs in (0, n_rs_seq):
+        with llama.Context(model, n_ctx=n_ctx, n_batch=16, n_ubatch=16, n_rs_seq=rs, n_threads=n_threads,
+                           n_threads_batch=n_threads_batch) as ctx:
+            got.append((can_seq_rm(ctx), ctx.n_rs_seq))
+    return LevelProbe(got[0][0], got[1][0], got[1][1])
 
 
 def _scratch_ctx(model: llama.Model, n_ctx: int) -> int:
-    if model.n_ctx_train > 0:
-        n_ctx = min(n_ctx, model.n_ctx_train)
-    return max(n_ctx, 16)
+    return max(min(n_ctx, model.n_ctx_train) if model.n_ctx_train > 0 else n_ctx, 16)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -81,26 +77,10 @@ def _filler_tokens(model: llama.Model, n: int) -> list[int]:
     return [lo + (i * 7919) % span for i in range(n)]
 
 
-@dataclass
-class CheckpointCost:
-    n_tokens: int
-    partial_bytes: int
-    full_bytes: int
-    save_ms: float
-    load_ms: float
-
-    def per_1k(self) -> dict:
-        s = 1000.0 / self.n_tokens
-        return {
-            "partial_bytes_per_1k": round(self.partial_bytes * s),
-            "save_ms_per_1k": round(self.save_ms * s, 3),
-            "load_ms_per_1k": round(self.load_ms * s, 3),
-        }
-
-
 def measure_checkpoint(model: llama.Model, *, n_tokens: int = 1024, n_threads: int | None = None, repeats: int = 3,
-                       n_threads_batch: int | None = None) -> CheckpointCost:
-    """Size and save/load time of a PARTIAL_ONLY sequence state after ``n_tokens`` tokens."""
+                       n_threads_batch: int | None = None) -> dict:
+    """Size and save/load time of a PARTIAL_ONLY sequence state after ``n_tokens`` tokens (a report's
+    ``checkpoint``: the medians of ``repeats``, and per 1k tokens)."""
     n_ctx = _scratch_ctx(model, n_tokens + 16)
     n_tokens = min(n_tokens, n_ctx - 8)
     with llama.Context(model, n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=n_threads, n_threads_batch=n_threads_batch) as ctx:
@@ -117,7 +97,10 @@ def measure_checkpoint(model: llama.Model, *, n_tokens: int = 1024, n_threads: i
             t2 = time.perf_counter()
             saves.append((t1 - t0) * 1e3)
             loads.append((t2 - t1) * 1e3)
-    return CheckpointCost(n_tokens, len(data), full, statistics.median(saves), statistics.median(loads))
+    save, load, s = statistics.median(saves), statistics.median(loads), 1000.0 / n_tokens
+    return {"n_tokens": n_tokens, "partial_bytes": len(data), "full_bytes": full, "save_ms": round(save, 4),
+            "load_ms": round(load, 4), "partial_bytes_per_1k": round(len(data) * s),
+            "save_ms_per_1k": round(save * s, 3), "load_ms_per_1k": round(load * s, 3)}
 
 
 def measure_verify_curve(
@@ -196,43 +179,10 @@ def recommend_draft_length(a: float, c: float, curve: dict[int, float], k_max: i
 
 
 @dataclass
-class ModelReport:
-    path: str
-    arch: str
-    name: str
-    level: str
-    level_with_rs: str
-    n_rs_seq: int
-    file_bytes: int
-    n_params: int
-    n_ctx_train: int
-    n_layer: int
-    n_embd: int
-    n_vocab: int
-    n_swa: int
-    is_swa: bool
-    is_recurrent: bool
-    is_hybrid: bool
-    n_layer_nextn: int
-    checkpoint: dict | None = None
-    verify_cost_ms: dict | None = None
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        if self.verify_cost_ms is not None:
-            d["verify_cost_ms"] = {str(k): round(v, 4) for k, v in self.verify_cost_ms.items()}
-        return d
-
-
-#: the facts of a :class:`ModelReport` read from the model as they are
-_MODEL_FACTS = ("arch", "name", "n_params", "n_ctx_train", "n_layer", "n_embd", "n_swa", "is_swa", "is_recurrent",
-                "is_hybrid", "n_layer_nextn")
-
-
-@dataclass
 class ProbeReport:
-    target: ModelReport
-    draft: ModelReport | None = None
+    #: what :func:`report_model` returns, for the target and the draft
+    target: dict
+    draft: dict | None = None
     vocab: list[dict] | None = None
     vocab_compatible: bool | None = None
     cost_ratio: float | None = None
@@ -240,12 +190,17 @@ class ProbeReport:
     #: same-trunk draft heads: ``{"draft-mtp": {"supported": bool, "why": str | None}, ...}`` (issue 10)
     heads: dict = field(default_factory=dict)
 
+    @staticmethod
+    def _model(m: dict) -> dict:
+        curve = m["verify_cost_ms"]
+        return {**m, "verify_cost_ms": None if curve is None else {str(k): round(v, 4) for k, v in curve.items()}}
+
     def to_dict(self) -> dict:
-        d: dict = {"schema_version": SCHEMA_VERSION, "target": self.target.to_dict()}
+        d: dict = {"schema_version": SCHEMA_VERSION, "target": self._model(self.target)}
         if self.heads:
             d["heads"] = self.heads
         if self.draft is not None:
-            d["draft"] = self.draft.to_dict()
+            d["draft"] = self._model(self.draft)
             d["vocab"] = {"compatible": self.vocab_compatible, "rules": self.vocab}
             d["cost_ratio"] = None if self.cost_ratio is None else round(self.cost_ratio, 4)
         d["recommendations"] = self.recommendations
@@ -253,16 +208,20 @@ class ProbeReport:
 
 
 def report_model(model: llama.Model, *, measure: bool = True, n_rs_seq: int = DEFAULT_RS_PROBE, n_threads: int | None = None,
-                 checkpoint_tokens: int = 1024, n_threads_batch: int | None = None) -> ModelReport:
+                 checkpoint_tokens: int = 1024, n_threads_batch: int | None = None) -> dict:
+    """One model's part of the report: its levels and shape, and (``measure``) :func:`measure_checkpoint` and
+    :func:`measure_verify_curve` (None without them)."""
     lv = probe_levels(model, n_rs_seq=n_rs_seq, n_threads=n_threads, n_threads_batch=n_threads_batch)
-    r = ModelReport(path=str(model.path), level=lv.level.name, level_with_rs=lv.level_with_rs.name, n_rs_seq=lv.n_rs_seq,
-                    file_bytes=Path(model.path).stat().st_size, n_vocab=model.vocab.n_tokens,
-                    **{f: getattr(model, f) for f in _MODEL_FACTS})
+    r = {"path": str(model.path), "arch": model.arch, "name": model.name, "level": lv.level.name,
+         "level_with_rs": lv.level_with_rs.name, "n_rs_seq": lv.n_rs_seq, "file_bytes": model.path.stat().st_size,
+         "n_params": model.n_params, "n_ctx_train": model.n_ctx_train, "n_layer": model.n_layer,
+         "n_embd": model.n_embd, "n_vocab": model.vocab.n_tokens, "n_swa": model.n_swa, "is_swa": model.is_swa,
+         "is_recurrent": model.is_recurrent, "is_hybrid": model.is_hybrid, "n_layer_nextn": model.n_layer_nextn,
+         "checkpoint": None, "verify_cost_ms": None}
     if measure and lv.level is not Level.NO:
-        cp = measure_checkpoint(model, n_tokens=checkpoint_tokens, n_threads=n_threads, n_threads_batch=n_threads_batch)
-        r.checkpoint = {"n_tokens": cp.n_tokens, "partial_bytes": cp.partial_bytes, "full_bytes": cp.full_bytes,
-                        "save_ms": round(cp.save_ms, 4), "load_ms": round(cp.load_ms, 4), **cp.per_1k()}
-        r.verify_cost_ms = measure_verify_curve(model, n_threads=n_threads, n_threads_batch=n_threads_batch)
+        r["checkpoint"] = measure_checkpoint(model, n_tokens=checkpoint_tokens, n_threads=n_threads,
+                                             n_threads_batch=n_threads_batch)
+        r["verify_cost_ms"] = measure_verify_curve(model, n_threads=n_threads, n_threads_batch=n_threads_batch)
     return r
 
 
@@ -287,10 +246,10 @@ def probe(target: llama.Model, draft: llama.Model | None = None, *, measure: boo
         rules = check_vocab_compat(target.vocab, draft.vocab)
         rep.vocab = [x.to_dict() for x in rules]
         rep.vocab_compatible = is_compatible(rules)
-        if rep.target.verify_cost_ms and rep.draft.verify_cost_ms:
-            rep.cost_ratio = rep.draft.verify_cost_ms[1] / rep.target.verify_cost_ms[1]
+        if rep.target["verify_cost_ms"] and rep.draft["verify_cost_ms"]:
+            rep.cost_ratio = rep.draft["verify_cost_ms"][1] / rep.target["verify_cost_ms"][1]
     rep.heads.update(heads_report(target, draft))
-    curve = rep.target.verify_cost_ms
+    curve = rep.target["verify_cost_ms"]
     if curve:
         drafters = [("ngram", 0.0)]
         if rep.cost_ratio is not None:

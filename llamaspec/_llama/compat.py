@@ -5,7 +5,6 @@ behaviour is llama-cpp-python's own.
 """
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Callable
 
 from llama_cpp import llama_cpp as native
@@ -16,6 +15,7 @@ from llama_cpp.llama_speculative import LlamaDraftModel
 
 from .context import GGML_TYPE_F16, GGML_TYPE_F32
 from .model import Model
+from .vocab import text_of
 
 __all__ = [
     "LlamaDraftModel", "LlamaGrammar", "chat_handler_for",
@@ -31,22 +31,10 @@ def metadata(model: Model) -> dict[str, str]:
     holds; arrays are not returned by llama.cpp)."""
     ptr = model.live_ptr()
     out: dict[str, str] = {}
-
-    def read(fn, i: int) -> str:
-        size = 1024
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = fn(ptr, i, buf, size)
-            if n < 0:
-                return ""
-            if n < size:
-                return buf.value.decode("utf-8", errors="replace")
-            size = n + 1
-
     for i in range(int(native.llama_model_meta_count(ptr))):
-        key = read(native.llama_model_meta_key_by_index, i)
+        key = text_of(lambda b, k: native.llama_model_meta_key_by_index(ptr, i, b, k))
         if key:
-            out[key] = read(native.llama_model_meta_val_str_by_index, i)
+            out[key] = text_of(lambda b, k: native.llama_model_meta_val_str_by_index(ptr, i, b, k)) or ""
     return out
 
 
@@ -65,8 +53,7 @@ def model_kind(model: Model) -> tuple[bool, bool]:
 
 def fim_tokens(model: Model) -> tuple[int, int, int]:
     """``(prefix, suffix, middle)`` fill-in-the-middle token ids of ``model`` (-1 where it has none)."""
-    v = model.vocab.ptr
-    return int(native.llama_vocab_fim_pre(v)), int(native.llama_vocab_fim_suf(v)), int(native.llama_vocab_fim_mid(v))
+    return model.vocab.fim[:3]
 
 
 def split_mode_name(value: int) -> str:

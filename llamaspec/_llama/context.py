@@ -7,6 +7,7 @@ output rows first and raises :class:`OutputLimitError` instead. Every call on a 
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import time
@@ -123,39 +124,32 @@ class Context(_Owned):
         self.model = model  # the one strong edge between the wrappers: a context keeps its model alive
         self.params = p
         cp = native.llama_context_default_params()
-        cp.n_ctx = p.n_ctx
-        cp.n_batch = p.n_batch
+        for k in ("n_ctx", "n_batch", "n_seq_max", "n_rs_seq", "n_outputs_max", "n_outputs_max_per_seq", "ctx_type",
+                  "swa_full", "embeddings", "no_perf"):
+            setattr(cp, k, getattr(p, k))
         cp.n_ubatch = min(p.n_ubatch, p.n_batch)
-        cp.n_seq_max = p.n_seq_max
-        cp.n_rs_seq = p.n_rs_seq
-        cp.n_outputs_max = p.n_outputs_max
-        cp.n_outputs_max_per_seq = p.n_outputs_max_per_seq
         nt = p.n_threads or default_threads()
         cp.n_threads = nt
         cp.n_threads_batch = p.n_threads_batch or nt
-        cp.ctx_type = p.ctx_type
         if p.flash_attn is not None:
             cp.flash_attn_type = 1 if p.flash_attn else 0
         if p.kv_f32:
-            cp.type_k = GGML_TYPE_F32
-            cp.type_v = GGML_TYPE_F32
-        cp.swa_full = p.swa_full
+            cp.type_k = cp.type_v = GGML_TYPE_F32
         if p.kv_unified is not None:
             cp.kv_unified = p.kv_unified
-        cp.embeddings = p.embeddings
-        cp.no_perf = p.no_perf
         for k, v in p.extra.items():
             setattr(cp, k, v)
         if ctx_other is not None:
             cp.ctx_other = ctx_other.live_ptr()
         self._ctx_other = ctx_other
-        # n_seq_max rows are reserved on every decode: a context whose n_outputs_max is below that
-        # aborts inside llama_init_from_model already (§5.2), so refuse it here
-        eff_out = p.n_batch if (p.n_outputs_max == 0 or model.has_encoder) else p.n_outputs_max
-        if p.n_seq_max > eff_out:
+        # effective output limits, computed exactly as llama-context.cpp does (§5.2); n_seq_max rows are reserved
+        # on every decode: a context whose n_outputs_max is below that aborts inside llama_init_from_model
+        # already, so refuse it here
+        self.n_outputs_max = p.n_batch if (p.n_outputs_max == 0 or model.has_encoder) else p.n_outputs_max
+        if p.n_seq_max > self.n_outputs_max:
             raise ContextError(
-                f"n_seq_max={p.n_seq_max} exceeds n_outputs_max={eff_out}: llama.cpp would abort (docs/architecture.md §5.2); "
-                "raise n_outputs_max (see output_limits())"
+                f"n_seq_max={p.n_seq_max} exceeds n_outputs_max={self.n_outputs_max}: llama.cpp would abort "
+                "(docs/architecture.md §5.2); raise n_outputs_max (see output_limits())"
             )
         model_ptr = model.live_ptr()
         #: the model is on RPC servers: native calls that reach them run guarded (see _llama.rpc)
@@ -163,11 +157,8 @@ class Context(_Owned):
         model._acquire()  # the native model must outlive this context (see _llama.model)
         _forget_native_errors()
         try:
-            if self._rpc:
-                ptr = rpc.call(native.llama_init_from_model, model_ptr, cp,
-                               what=f"creating a context on {model.path.name}")
-            else:
-                ptr = native.llama_init_from_model(model_ptr, cp)
+            ptr = (rpc.call(native.llama_init_from_model, model_ptr, cp, what=f"creating a context on {model.path.name}")
+                   if self._rpc else native.llama_init_from_model(model_ptr, cp))
         except BaseException:
             model._release()
             raise
@@ -177,19 +168,12 @@ class Context(_Owned):
             raise ContextError(f"could not create a context for {model.path.name} (n_ctx={p.n_ctx}, n_batch={p.n_batch}, n_seq_max={p.n_seq_max}): {why}")
         self.ptr = ptr
         self._holds_model = True
-        self.n_ctx: int = int(native.llama_n_ctx(ptr))
-        self.n_ctx_seq: int = int(native.llama_n_ctx_seq(ptr))
-        self.n_batch: int = int(native.llama_n_batch(ptr))
-        self.n_ubatch: int = int(native.llama_n_ubatch(ptr))
-        self.n_seq_max: int = int(native.llama_n_seq_max(ptr))
-        self.n_rs_seq: int = int(native.llama_n_rs_seq(ptr))
+        for k in ("n_ctx", "n_ctx_seq", "n_batch", "n_ubatch", "n_seq_max", "n_rs_seq"):  # what llama.cpp made of them
+            setattr(self, k, int(getattr(native, f"llama_{k}")(ptr)))
         self.n_vocab: int = model.vocab.n_tokens
         self._row_t = ctypes.c_float * self.n_vocab  # one row of logits (``logits``)
-        # effective output limits, computed exactly as llama-context.cpp does (§5.2)
         if p.n_outputs_max == 0 or model.has_encoder:
             self.n_outputs_max = self.n_batch
-        else:
-            self.n_outputs_max = p.n_outputs_max
         self.n_outputs_max_per_seq = (
             self.n_outputs_max if p.n_outputs_max_per_seq == 0 else min(p.n_outputs_max_per_seq, self.n_outputs_max)
         )
@@ -233,17 +217,10 @@ class Context(_Owned):
         if n == 0:
             return
         self._check_size(n)
-        n_out = 0
-        for r in rows:
-            if r.output:
-                n_out += 1
+        n_out = sum(1 for r in rows if r.output)
         self.check_outputs(n_out)
         if self.n_outputs_max_per_seq < n_out and self.has_backend_samplers:  # (the cheap test first)
-            per: dict[int, int] = {}
-            for r in rows:
-                if r.output:
-                    per[r.seq_id] = per.get(r.seq_id, 0) + 1
-            worst = max(per.values())
+            worst = max(collections.Counter(r.seq_id for r in rows if r.output).values())
             if worst > self.n_outputs_max_per_seq:
                 raise OutputLimitError(
                     f"a sequence asks for {worst} output rows, n_outputs_max_per_seq={self.n_outputs_max_per_seq}"
@@ -276,11 +253,9 @@ class Context(_Owned):
             set_pos(b, idx, pos)
             if r.output:
                 set_out(b, idx, True)
-        if self._rpc:  # process + synchronize on the RPC worker: the outputs are on the host when it returns
-            rc = rpc.call(_process_sync, ptr, kind, b, what="a decode", timeout=rpc.DECODE_TIMEOUT_S)
-        else:
-            rc = self._timed(n, native.llama_process, ptr, kind, b)
-        self._decoded(rc, n)
+        # on RPC process + synchronize on the RPC worker: the outputs are on the host when it returns
+        self._decoded(self._native(_process_sync, ptr, kind, b, what="a decode") if self._rpc
+                      else self._timed(n, native.llama_process, ptr, kind, b), n)
 
     def decode_next(self, tokens: list[int], pos: list[int], seq: list[int]) -> None:
         """:meth:`decode` of one output row per sequence (``tokens[i]`` at ``pos[i]`` of sequence ``seq[i]``,
@@ -323,30 +298,21 @@ class Context(_Owned):
         self.n_decodes += 1
         if rc != 0:
             why = _last_native_error("")
-            raise DecodeError(self._rc_message(rc, n) + (f": {why}" if why else ""), status=rc)
+            msg = {1: f"no KV cache slot for a batch of {n} tokens (context full: raise n_ctx or shorten the prompt)",
+                   2: "decode aborted"}.get(rc, f"llama_process failed with status {rc} for a batch of {n} rows")
+            raise DecodeError(msg + (f": {why}" if why else ""), status=rc)
 
     def decode_tokens(self, tokens: Sequence[int], pos0: int, seq_id: int = 0, *, output_last: bool = True, output_all: bool = False) -> None:
         """Decode a run of tokens of one sequence in chunks of ``n_batch`` (prompt processing)."""
         n = len(tokens)
-        start = 0
-        for chunk in chunks(tokens, self.n_batch):
-            last = start + len(chunk) == n
-            rows = [
-                Row(t, pos0 + start + j, seq_id, output_all or (output_last and last and j == len(chunk) - 1))
-                for j, t in enumerate(chunk)
-            ]
-            self.decode(rows)
-            start += len(chunk)
+        for start in range(0, n, self.n_batch):
+            self.decode([Row(t, pos0 + i, seq_id, output_all or (output_last and i == n - 1))
+                         for i, t in enumerate(tokens[start:start + self.n_batch], start)])
 
     def _add_error(self, code: int, r: Row) -> str:
         return {-1: f"batch is full (n_batch={self.n_batch})",
                 -2: f"invalid token {r.token} (vocabulary has {self.n_vocab} tokens)",
                 -3: f"invalid sequence id {r.seq_id} (n_seq_max={self.n_seq_max})"}.get(code, f"llama_batch_ext_add failed with {code}")
-
-    @staticmethod
-    def _rc_message(rc: int, n: int) -> str:
-        return {1: f"no KV cache slot for a batch of {n} tokens (context full: raise n_ctx or shorten the prompt)",
-                2: "decode aborted"}.get(rc, f"llama_process failed with status {rc} for a batch of {n} rows")
 
     # -- outputs --------------------------------------------------------------------------------
     def logits(self, i: int) -> np.ndarray:
@@ -369,10 +335,7 @@ class Context(_Owned):
             native.llama_synchronize(self.live_ptr())
 
     def synchronize(self) -> None:
-        if self._rpc:
-            rpc.call(native.llama_synchronize, self.live_ptr(), what="a synchronize", timeout=rpc.DECODE_TIMEOUT_S)
-        else:
-            native.llama_synchronize(self.live_ptr())
+        self._native(native.llama_synchronize, self.live_ptr(), what="a synchronize")
 
     def _native(self, fn, *args, what: str):
         """``fn(*args)``, on the RPC worker when the model is on RPC servers (state save/load reach them)."""

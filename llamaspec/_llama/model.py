@@ -14,6 +14,7 @@ Lifetime rules (a native model must outlive every context and grammar sampler ma
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
 import os
@@ -27,7 +28,7 @@ from ..errors import LlamaSpecError, ModelFormatError, UsageError
 from . import rpc
 from .cpu_features import use_extra_buffers
 from .log import _forget_native_errors, _last_native_error, backend_init
-from .vocab import Vocab
+from .vocab import Vocab, text_of
 
 TOKEN_NULL = -1
 
@@ -148,15 +149,10 @@ def _check_gguf_magic(path: Path) -> None:
         )
 
 
-_warned_no_gpu = False
-
-
+@functools.lru_cache(maxsize=1)
 def _warn_no_gpu_once() -> None:
-    global _warned_no_gpu
-    if not _warned_no_gpu:
-        _warned_no_gpu = True
-        log.warning("this llama.cpp build has no GPU offload: the GPU layers setting (-ngl) is ignored, the model "
-                    "runs on the CPU (see docs/cli.md, GPU offload)")
+    log.warning("this llama.cpp build has no GPU offload: the GPU layers setting (-ngl) is ignored, the model "
+                "runs on the CPU (see docs/cli.md, GPU offload)")
 
 
 class Model(_Owned):
@@ -247,23 +243,12 @@ class Model(_Owned):
         self.vocab_only = vocab_only
         self.use_mmap = use_mmap
         # a vocab-only model has no hyper-parameters: llama.cpp aborts when asked for them
-        hp = (lambda f: int(f(ptr))) if not vocab_only else (lambda f: 0)
-        self.n_layer: int = hp(native.llama_model_n_layer)
-        self.n_embd: int = hp(native.llama_model_n_embd)
-        self.n_embd_inp: int = hp(native.llama_model_n_embd_inp)
-        self.n_embd_out: int = hp(native.llama_model_n_embd_out)
-        self.n_layer_nextn: int = hp(native.llama_model_n_layer_nextn)
-        self.n_ctx_train: int = hp(native.llama_model_n_ctx_train)
-        self.n_head: int = hp(native.llama_model_n_head)
-        self.n_swa: int = hp(native.llama_model_n_swa)
-        self.n_params: int = hp(native.llama_model_n_params)
-        self.size_bytes: int = hp(native.llama_model_size)
-        self.is_recurrent: bool = bool(hp(native.llama_model_is_recurrent))
-        self.is_hybrid: bool = bool(hp(native.llama_model_is_hybrid))
-        self.has_encoder: bool = bool(hp(native.llama_model_has_encoder))
-        buf = ctypes.create_string_buffer(256)
-        native.llama_model_desc(ptr, buf, len(buf))
-        self.desc: str = buf.value.decode("utf-8", errors="replace")
+        #: ``n_layer``, ``n_embd``, ``n_embd_out``, ``n_layer_nextn``, ``n_ctx_train``, ``n_swa``, ``n_params`` (ints) and
+        #: ``is_recurrent``, ``is_hybrid``, ``has_encoder`` (bools): ``llama_model_<name>``, 0 / False when vocab-only
+        for k in ("n_layer", "n_embd", "n_embd_out", "n_layer_nextn", "n_ctx_train", "n_swa", "n_params",
+                  "is_recurrent", "is_hybrid", "has_encoder"):
+            v = 0 if vocab_only else int(getattr(native, f"llama_model_{k}")(ptr))
+            setattr(self, k, bool(v) if k.startswith(("is_", "has_")) else v)
 
     def live_ptr(self):
         """The native ``llama_model *``; :class:`LlamaSpecError` when the model is closed."""
@@ -276,14 +261,7 @@ class Model(_Owned):
     def meta(self, key: str) -> str | None:
         """Metadata value as a string (``llama_model_meta_val_str``), or None when the key is absent."""
         ptr = self.live_ptr()
-        buf = ctypes.create_string_buffer(1024)
-        n = native.llama_model_meta_val_str(ptr, key.encode("utf-8"), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            native.llama_model_meta_val_str(ptr, key.encode("utf-8"), buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
+        return text_of(lambda b, k: native.llama_model_meta_val_str(ptr, key.encode("utf-8"), b, k))
 
     @property
     def is_swa(self) -> bool:
@@ -354,12 +332,5 @@ def render_builtin_chat_template(template: str, messages: list[dict[str, str]], 
         keep += [role, content]
         arr[i].role = role
         arr[i].content = content
-    cap = 4096 + sum(len(m["content"]) for m in messages) * 2
-    buf = ctypes.create_string_buffer(cap)
-    res = native.llama_chat_apply_template(tmpl, arr, n, add_assistant, buf, cap)
-    if res > cap:
-        buf = ctypes.create_string_buffer(res + 1)
-        res = native.llama_chat_apply_template(tmpl, arr, n, add_assistant, buf, res + 1)
-    if res < 0:
-        return None
-    return buf.raw[:res].decode("utf-8", errors="replace")
+    return text_of(lambda b, k: native.llama_chat_apply_template(tmpl, arr, n, add_assistant, b, k),
+                   4096 + sum(len(m["content"]) for m in messages) * 2)

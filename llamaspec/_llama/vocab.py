@@ -28,6 +28,26 @@ def utf8(text: str) -> bytes:
                          "cannot encode (an unpaired \\uD800-\\uDFFF escape in JSON?): send valid Unicode text") from None
 
 
+def grown(make, cap: int, call) -> tuple[int, object]:
+    """``call(buf, cap)`` into ``buf = make(cap)``; once more into a buffer of the size llama.cpp asks for, when
+    it says the buffer was too small: ``-size`` (tokenize, detokenize, pieces) or a length of at least ``cap``
+    (the ``snprintf``-like calls, whose ``n`` leaves out the NUL). ``(n, buf)``."""
+    buf = make(cap)
+    n = call(buf, cap)
+    if n < 0 or n >= cap:
+        cap = -n if n < 0 else n + 1
+        buf = make(cap)
+        n = call(buf, cap)
+    return n, buf
+
+
+def text_of(call, cap: int = 1024) -> str | None:
+    """The string an ``snprintf``-like llama.cpp call writes (``call(buf, size)``, :func:`grown`); None when
+    it returns a negative length (nothing to write)."""
+    n, buf = grown(ctypes.create_string_buffer, cap, call)
+    return None if n < 0 else buf.raw[:n].decode("utf-8", errors="replace")
+
+
 class FimTokens(NamedTuple):
     """A model's fill-in-the-middle tokens (llama.cpp's ``llama_vocab_fim_*``); -1 where it has none."""
 
@@ -81,19 +101,14 @@ class Vocab:
         """The owning model; :class:`LlamaSpecError` when it was closed or dropped."""
         model = self._model_ref()
         if model is None or not model.ptr:
-            raise self._closed()
+            raise LlamaSpecError(f"model {self._model_name} is closed: its vocabulary can no longer be used")
         return model
 
     @property
     def ptr(self):
         """The native ``llama_vocab *``; :class:`LlamaSpecError` when the model was closed or dropped."""
-        model = self._model_ref()
-        if model is None or not model.ptr:
-            raise self._closed()
+        self.model  # noqa: B018 - raises when the model is closed
         return self._ptr
-
-    def _closed(self) -> LlamaSpecError:
-        return LlamaSpecError(f"model {self._model_name} is closed: its vocabulary can no longer be used")
 
     @property
     def fim(self) -> FimTokens:
@@ -138,15 +153,10 @@ class Vocab:
     def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ptr = self.ptr
         data = utf8(text) if isinstance(text, str) else bytes(text)
-        n_max = len(data) + 8
-        buf = (native.llama_token * n_max)()
-        n = native.llama_tokenize(ptr, data, len(data), buf, n_max, add_special, parse_special)
+        n, buf = grown(lambda k: (native.llama_token * k)(), len(data) + 8,
+                       lambda b, k: native.llama_tokenize(ptr, data, len(data), b, k, add_special, parse_special))
         if n < 0:
-            n_max = -n
-            buf = (native.llama_token * n_max)()
-            n = native.llama_tokenize(ptr, data, len(data), buf, n_max, add_special, parse_special)
-            if n < 0:
-                raise LlamaSpecError(f"tokenization failed (llama_tokenize returned {n})")
+            raise LlamaSpecError(f"tokenization failed (llama_tokenize returned {n})")
         return list(buf[:n])
 
     def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
@@ -157,11 +167,9 @@ class Vocab:
         piece = cache.get(token)
         if piece is None:
             ptr = self.ptr  # raises once the model is closed
-            buf = ctypes.create_string_buffer(64)  # per call: two threads may detokenize at once
-            n = native.llama_token_to_piece(ptr, token, buf, len(buf), 0, special)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = native.llama_token_to_piece(ptr, token, buf, len(buf), 0, special)
+            # (a buffer per call: two threads may detokenize at once)
+            n, buf = grown(ctypes.create_string_buffer, 64,
+                           lambda b, k: native.llama_token_to_piece(ptr, token, b, k, 0, special))
             piece = buf.raw[:n]
             if 0 <= token < self.n_tokens:  # an id outside the vocabulary is not kept
                 cache[token] = piece
@@ -172,11 +180,6 @@ class Vocab:
             return ""
         ptr = self.ptr
         arr = (native.llama_token * len(tokens))(*tokens)
-        cap = max(64, 8 * len(tokens))
-        out = ctypes.create_string_buffer(cap)
-        n = native.llama_detokenize(ptr, arr, len(tokens), out, cap, remove_special, unparse_special)
-        if n < 0:
-            cap = -n
-            out = ctypes.create_string_buffer(cap)
-            n = native.llama_detokenize(ptr, arr, len(tokens), out, cap, remove_special, unparse_special)
+        n, out = grown(ctypes.create_string_buffer, max(64, 8 * len(tokens)),
+                       lambda b, k: native.llama_detokenize(ptr, arr, len(tokens), b, k, remove_special, unparse_special))
         return out.raw[:n].decode("utf-8", errors="replace")
