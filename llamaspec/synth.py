@@ -19,7 +19,9 @@ with ``p + p^2 + p^3 = 1.5``:
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import re
 import secrets
 from typing import Callable, Sequence
@@ -71,20 +73,12 @@ def _parse_double(s: str) -> float | None:
     """
     if not _STRTOD.fullmatch(s):
         return None
-    body = s.lstrip(" \t\n\v\f\r")
-    sign = -1.0 if body.startswith("-") else 1.0
-    unsigned = body.lstrip("+-")
-    low = unsigned.lower()
-    if low.startswith("0x"):
-        mant = unsigned[2:]
-        if "p" not in mant.lower():
-            mant += "p0"
-        return sign * float.fromhex("0x" + mant)
-    if low.startswith("nan"):
+    low = s.lstrip(" \t\n\v\f\r").lower()
+    if "nan" in low:  # (any sign, any nan(chars))
         return math.nan
-    if low.startswith("inf"):
-        return sign * math.inf
-    return sign * float(unsigned)
+    if "x" in low:  # hexadecimal: float.fromhex wants the binary exponent
+        return float.fromhex(low if "p" in low else low + "p0")
+    return float(low)
 
 
 def parse_synth_len(s: str) -> float:
@@ -212,7 +206,7 @@ def resolve_synth_rates(synth_len: float | None, synth_rates: Sequence[float] | 
         target = L - 1.0
         for _ in range(_BISECT_ITERS):
             mid = 0.5 * (lo + hi)
-            if sum(_powers(mid, n_max)) < target:
+            if functools.reduce(operator.add, _powers(mid, n_max), 0.0) < target:  # (left to right, as C++ sums)
                 lo = mid
             else:
                 hi = mid
@@ -279,14 +273,6 @@ class Mt19937Uniform:
         return x
 
     __call__ = next
-
-    def clone(self) -> "Mt19937Uniform":
-        """An independent copy in the same state."""
-        other = Mt19937Uniform.__new__(Mt19937Uniform)
-        other.seed = self.seed
-        other._bg = np.random.MT19937(0)
-        other._bg.state = self._bg.state
-        return other
 
 
 def synth_accept(

@@ -352,7 +352,7 @@ CHILD = textwrap.dedent(r'''
             out["local_after"] = len(loc.generate("tok_1", n_predict=3, sampling=greedy).tokens)
     elif a["case"] == "ggml_handshake":
         from llamaspec._llama import rpc_protocol
-        rpc_protocol.check_server = lambda *x, **k: None  # let ggml meet the wrong version itself (rpc_devices looks it up there)
+        rpc_protocol.check_server = lambda *x, **k: None  # let ggml meet the wrong version itself (rpc.add_server looks it up there)
         try:
             L.rpc.devices([a["endpoint"]])
             out["error"] = None

@@ -21,11 +21,9 @@ templates are rendered by :mod:`llamaspec.chat`.
 from __future__ import annotations
 
 from .context import (
-    CONTEXT_TYPE_DEFAULT,
     CONTEXT_TYPE_MTP,
     GGML_TYPE_F16,
     GGML_TYPE_F32,
-    PROCESS_DECODE,
     PROCESS_ENCODE,
     STATE_FLAGS_NONE,
     STATE_FLAGS_PARTIAL_ONLY,
@@ -38,7 +36,6 @@ from .context import (
 )
 from .json_schema import chat_schema_grammar, json_schema_to_grammar
 from .kv_memory import Memory
-from .log import LLAMA_CPP_PYTHON_VERSION, backend_init
 from .model import TOKEN_NULL, Model, Vocab, render_builtin_chat_template, supports_gpu_offload
 from .threads import ThreadTuner
 from .sampler import DEFAULT_SEED, Candidates, Sampler, SamplingParams
@@ -49,7 +46,6 @@ from . import rpc
 __all__ = [
     "supports_gpu_offload",
     "ThreadTuner",
-    "CONTEXT_TYPE_DEFAULT",
     "Candidates",
     "SAMPLER_ORDER",
     "picks_in_chain",
@@ -58,8 +54,6 @@ __all__ = [
     "DEFAULT_SEED",
     "GGML_TYPE_F16",
     "GGML_TYPE_F32",
-    "LLAMA_CPP_PYTHON_VERSION",
-    "PROCESS_DECODE",
     "PROCESS_ENCODE",
     "STATE_FLAGS_NONE",
     "STATE_FLAGS_PARTIAL_ONLY",
@@ -72,7 +66,6 @@ __all__ = [
     "Sampler",
     "SamplingParams",
     "Vocab",
-    "backend_init",
     "chunks",
     "default_threads",
     "json_schema_to_grammar",

@@ -30,6 +30,7 @@ ctx_other=target_ctx)`` links a draft to its target.
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 import numpy as np
@@ -98,49 +99,39 @@ NEEDS: dict[str, tuple[str, ...]] = {
 }
 NEEDS["draft-dspark"] = NEEDS["draft-dflash"]
 
-_bound: dict[str, Any] = {}
-_symbol: dict[str, str] = {}
-_absent: set[str] = set()
+#: name -> (the bound function, the symbol it was bound by), or (None, None) where the library lacks it
+_bound: dict[str, tuple[Any, str | None]] = {}
 
 
-_ext_module: list = []
-
-
-def _from_llama_cpp_ext(name: str):
-    """llama-cpp-python's own binding of ``name``, if its ext module imports (it raises on a missing symbol)."""
-    if not _ext_module:
-        try:
-            from llama_cpp import llama_cpp_ext as mod  # optional module, may fail to import
-        except Exception:  # AttributeError when the library lacks one of its symbols; ImportError on old versions
-            mod = None
-        _ext_module.append(mod)
-    return getattr(_ext_module[0], name, None) if _ext_module[0] is not None else None
+@functools.lru_cache(maxsize=1)
+def _llama_cpp_ext():
+    """llama-cpp-python's own ext module, if it imports (None otherwise)."""
+    try:
+        from llama_cpp import llama_cpp_ext as mod  # optional module, may fail to import
+    except Exception:  # AttributeError when the library lacks one of its symbols; ImportError on old versions
+        return None
+    return mod
 
 
 def _bind(name: str):
-    fn = _bound.get(name)
-    if fn is not None or name in _absent:
-        return fn
-    spec = SPECS.get(name)
-    if spec is None:
-        raise KeyError(f"{name} is not an llama-ext function llamaspec knows")
-    names, argtypes, restype = spec
-    lib = native._lib
-    for sym in names:
-        f = getattr(lib, sym, None)
-        if f is None:
-            continue
-        reuse = _from_llama_cpp_ext(name)
-        if reuse is not None:
-            f = reuse  # the same library handle and names, bound by llama-cpp-python
-        else:
-            f.argtypes = argtypes
-            f.restype = restype
-        _bound[name] = f
-        _symbol[name] = sym
-        return f
-    _absent.add(name)
-    return None
+    if name not in _bound:
+        spec = SPECS.get(name)
+        if spec is None:
+            raise KeyError(f"{name} is not an llama-ext function llamaspec knows")
+        names, argtypes, restype = spec
+        _bound[name] = (None, None)
+        for sym in names:
+            f = getattr(native._lib, sym, None)
+            if f is None:
+                continue
+            reuse = getattr(_llama_cpp_ext(), name, None)
+            if reuse is not None:
+                f = reuse  # the same library handle and names, bound by llama-cpp-python
+            else:
+                f.argtypes, f.restype = argtypes, restype
+            _bound[name] = (f, sym)
+            break
+    return _bound[name][0]
 
 
 def available(name: str) -> bool:
@@ -155,7 +146,7 @@ def missing(names=None) -> list[str]:
 
 def symbols() -> dict[str, str | None]:
     """name -> the exported symbol it was bound by (None = missing)."""
-    return {n: (_symbol.get(n) if available(n) else None) for n in SPECS}
+    return {n: (_bound[n][1] if available(n) else None) for n in SPECS}
 
 
 def require(what: str, names=None) -> None:
@@ -197,17 +188,11 @@ def set_embeddings_nextn(ctx, value: bool = True, masked: bool = False) -> None:
         ctx._ext_nextn = (bool(value), bool(masked))
 
 
-def _nextn_width(ctx, width):
-    if width is not None:
-        return int(width)
-    return int(ctx.model.n_embd_out)
-
-
 def get_embeddings_nextn_ith(ctx, i: int, width: int | None = None) -> np.ndarray:
     """A copy of nextn row ``i`` of the last decode (``width`` defaults to the model's ``n_embd_out``).
 
     :class:`DecodeError` when there is no such row (llama.cpp logs the reason and returns NULL)."""
-    w = _nextn_width(ctx, width)
+    w = int(width) if width is not None else int(ctx.model.n_embd_out)
     if hasattr(ctx, "live_ptr") and not getattr(ctx, "_ext_nextn", (False,))[0]:
         raise UsageError("nextn embeddings were not enabled on this context (call set_embeddings_nextn first)")
     p = fn("llama_get_embeddings_nextn_ith")(_ptr(ctx), int(i))
@@ -218,7 +203,7 @@ def get_embeddings_nextn_ith(ctx, i: int, width: int | None = None) -> np.ndarra
 
 def get_embeddings_nextn(ctx, n_rows: int, width: int | None = None) -> np.ndarray:
     """A copy of the first ``n_rows`` nextn rows of the last decode, shape ``(n_rows, width)``."""
-    w = _nextn_width(ctx, width)
+    w = int(width) if width is not None else int(ctx.model.n_embd_out)
     p = fn("llama_get_embeddings_nextn")(_ptr(ctx))
     if not p:
         raise DecodeError("no nextn embeddings (enable them with set_embeddings_nextn before decoding)")
@@ -266,9 +251,7 @@ def set_embeddings_layer_inp(ctx, lid: int, enable: bool = True) -> None:
             raise UsageError(f"layer id {lid} out of range: the target has {n_layer} layers (valid 0..{n_layer})")
     fn("llama_set_embeddings_layer_inp")(_ptr(ctx), int(lid), bool(enable))
     if hasattr(ctx, "live_ptr"):
-        on = getattr(ctx, "_ext_layer_inp", None)
-        if on is None:
-            on = ctx._ext_layer_inp = {}
+        on = vars(ctx).setdefault("_ext_layer_inp", {})
         if enable:
             on[int(lid)] = getattr(ctx, "n_decodes", 0)
         else:
@@ -331,6 +314,8 @@ __all__ = [
     "set_embeddings_nextn",
     "set_nextn_layer_offset",
     "symbols",
+    "set_causal_attn",
+    "vocab_mask",
 ]
 
 
@@ -346,6 +331,3 @@ def vocab_mask(model) -> int:
     """``llama_vocab_mask`` of ``model`` (GGUF ``tokenizer.ggml.mask_token_id``; -1 when unset)."""
     vocab = model.vocab.ptr if hasattr(model, "vocab") else native.llama_model_get_vocab(_ptr(model))
     return int(native.llama_vocab_mask(vocab))
-
-
-__all__ += ["set_causal_attn", "vocab_mask"]

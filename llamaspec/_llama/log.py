@@ -12,12 +12,9 @@ import logging
 import re
 import threading
 
-# llama_cpp/__init__ imports the high-level Llama class, which installs its own log callback that
-# prints to stderr; ours replaces it in ``backend_init``.
-import llama_cpp
+# (llama_cpp/__init__ imports the high-level Llama class, which installs its own log callback that
+# prints to stderr; ours replaces it in ``backend_init``)
 from llama_cpp import llama_cpp as native
-
-LLAMA_CPP_PYTHON_VERSION: str = getattr(llama_cpp, "__version__", "unknown")
 
 _native_log = logging.getLogger("llamaspec.llama_cpp")
 
@@ -65,18 +62,18 @@ class _LogRouter:
                 if line.strip():
                     lines.append((self._level, line))
                     if self._level >= logging.WARNING:
-                        self._keep([line.strip()])
+                        self.keep([line.strip()])
         for lvl, line in lines:
-            self._emit(lvl, line)
-
-    @staticmethod
-    def _emit(level: int, line: str) -> None:
-        if _native_log.isEnabledFor(level):
-            _native_log.log(level, "%s", line)
+            if _native_log.isEnabledFor(lvl):
+                _native_log.log(lvl, "%s", line)
 
     KEEP = 64  # threads whose lines are kept
 
-    def _keep(self, lines: list[str], ident: int | None = None) -> None:
+    def keep(self, lines: list[str], ident: int | None = None) -> None:
+        """Remember ``lines`` for thread ``ident`` (default: this one; the RPC worker hands its calls' lines
+        to their callers)."""
+        if not lines:
+            return
         with self._lock:
             key = threading.get_ident() if ident is None else ident
             mine = self._errors.pop(key, [])  # (re-inserted: the dict's order is the threads' last lines)
@@ -90,11 +87,6 @@ class _LogRouter:
         """The calling thread's remembered lines (and forget them)."""
         with self._lock:
             return self._errors.pop(threading.get_ident(), [])
-
-    def hand_errors(self, lines: list[str], ident: int) -> None:
-        """Lines a helper thread logged on behalf of thread ``ident`` (the RPC worker's calls)."""
-        if lines:
-            self._keep(lines, ident)
 
 
 _router = _LogRouter()

@@ -108,7 +108,7 @@ def _worker_loop() -> None:
             box["error"] = e
         finally:
             # what llama.cpp logged during the call is the caller's (its error message may quote it)
-            _log_router.hand_errors(_log_router.take_errors(), box["caller"])
+            _log_router.keep(_log_router.take_errors(), box["caller"])
             done.set()
             with _state.cv:
                 _state.cv.notify_all()

@@ -131,6 +131,17 @@ def check_grammar(params: SamplingParams) -> None:
                          "--max-grammar-alternatives on the command line; 0: no limit)")
 
 
+def _native_grammar(vocab: Vocab, params: SamplingParams):
+    """The native grammar sampler of ``params`` (checked by :func:`check_grammar` already); :class:`SamplerError`
+    when llama.cpp cannot parse the grammar."""
+    _forget_native_errors()  # the message below quotes this call's log lines only
+    ptr = native.llama_sampler_init_grammar(vocab.ptr, (params.grammar or "").encode("utf-8"),
+                                            params.grammar_root.encode("utf-8"))
+    if not ptr:
+        raise SamplerError(f"grammar does not parse: {_last_native_error('see the llama.cpp log')}")
+    return ptr
+
+
 class Sampler(_Owned):
     """An owning llama.cpp sampler chain built from :class:`SamplingParams`.
 
@@ -157,14 +168,7 @@ class Sampler(_Owned):
         """The grammar of ``params`` alone (llama.cpp's ``common_sampler`` keeps it apart from the chain)."""
         model = vocab.model  # raises when the model is closed
         check_grammar(params)
-        _forget_native_errors()  # the message below quotes this call's log lines only
-        ptr = native.llama_sampler_init_grammar(
-            vocab.ptr, (params.grammar or "").encode("utf-8"), params.grammar_root.encode("utf-8")
-        )
-        if not ptr:
-            why = _last_native_error("see the llama.cpp log")
-            raise SamplerError(f"grammar does not parse: {why}")
-        return cls(ptr, params, model=model)
+        return cls(_native_grammar(vocab, params), params, model=model)
 
     @classmethod
     def from_params(cls, vocab: Vocab, params: SamplingParams, *, grammar: bool = True) -> "Sampler":  # noqa: C901
@@ -179,14 +183,7 @@ class Sampler(_Owned):
         add = lambda s: native.llama_sampler_chain_add(chain, s)  # noqa: E731
         try:
             if use_grammar:
-                _forget_native_errors()
-                grammar = native.llama_sampler_init_grammar(
-                    vocab.ptr, params.grammar.encode("utf-8"), params.grammar_root.encode("utf-8")
-                )
-                if not grammar:
-                    why = _last_native_error("see the llama.cpp log")
-                    raise SamplerError(f"grammar does not parse: {why}")
-                add(grammar)
+                add(_native_grammar(vocab, params))
             if biases:
                 arr = (native.llama_logit_bias * len(biases))(*[native.llama_logit_bias(t, b) for t, b in biases])
                 add(native.llama_sampler_init_logit_bias(vocab.n_tokens, len(biases), arr))
