@@ -39,18 +39,9 @@ DEFAULT_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "
 _BY_CHAR = {c: n for n, c in SAMPLER_NAMES.items()}
 
 
-def _aliases() -> dict[str, str]:
-    out = {}
-    for name in SAMPLER_NAMES:
-        out[name] = name
-        if "_" in name:
-            out[name.replace("_", "-")] = name
-            out[name.replace("_", "")] = name
-    out.update(nucleus="top_p", temp="temperature", typ="typ_p", typical_p="typ_p", typical="typ_p")
-    return out
-
-
-_ALIASES = _aliases()
+#: every spelling ``sampler_order`` takes (lower case): canonical, kebab-case, no-dash and llama.cpp's aliases
+_ALIASES = {**{spelling: n for n in SAMPLER_NAMES for spelling in (n, n.replace("_", "-"), n.replace("_", ""))},
+            "nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical_p": "typ_p", "typical": "typ_p"}
 
 
 def sampler_order(value: "str | Sequence[str]") -> tuple[str, ...]:
@@ -82,13 +73,6 @@ def _xtc_on(p: "SamplingParams") -> bool:
     return p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5
 
 
-def _dry(vocab: "Vocab", p: "SamplingParams"):
-    breakers = [s.encode("utf-8") for s in p.dry_sequence_breakers]
-    arr = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
-    return native.llama_sampler_init_dry(vocab.ptr, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
-                                         p.dry_penalty_last_n, arr, len(breakers))
-
-
 def _one(name: str, vocab: "Vocab", p: "SamplingParams", greedy: bool):
     """The native sampler for ``name``, or None when it would do nothing (or, greedy, not move the argmax)."""
     if name == "penalties":
@@ -97,7 +81,10 @@ def _one(name: str, vocab: "Vocab", p: "SamplingParams", greedy: bool):
                                                        p.frequency_penalty, p.presence_penalty)
     elif name == "dry":
         if p.dry_multiplier != 0.0 and p.dry_base >= 1.0 and p.dry_penalty_last_n != 0:
-            return _dry(vocab, p)
+            breakers = [s.encode("utf-8") for s in p.dry_sequence_breakers]
+            return native.llama_sampler_init_dry(vocab.ptr, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
+                                                 p.dry_penalty_last_n,
+                                                 (ctypes.c_char_p * max(1, len(breakers)))(*breakers), len(breakers))
     elif name == "typ_p":
         if p.typ_p < 1.0:
             return native.llama_sampler_init_typical(p.typ_p, p.min_keep)

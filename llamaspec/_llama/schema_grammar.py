@@ -22,6 +22,7 @@ space ::= | " " | "\\n"{1,2} [ \\t]{0,20}
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 __all__ = ["json_schema_grammar", "read_schema", "SchemaError", "SPACE_RULE", "PRIMITIVE_RULES"]
@@ -49,19 +50,17 @@ class _Converter:
         self.rules[key] = rule
         return key
 
-    def add_primitive(self, name: str, rule: tuple[str, tuple[str, ...]]) -> str:
-        n = self.add_rule(name, rule[0])
-        for dep in rule[1]:
-            dep_rule = PRIMITIVE_RULES.get(dep) or STRING_FORMAT_RULES.get(dep)
-            if dep_rule is None:
-                self.errors.append(f"Rule {dep} not known")
-                continue
+    def add_primitive(self, name: str, key: str = "") -> str:
+        """Rule ``name``: the primitive or string-format rule ``key`` (default ``name``), and the rules it uses."""
+        rule, deps = PRIMITIVE_RULES.get(key or name) or STRING_FORMAT_RULES[key or name]
+        n = self.add_rule(name, rule)
+        for dep in deps:
             if dep not in self.rules:
-                self.add_primitive(dep, dep_rule)
+                self.add_primitive(dep)
         return n
 
     def primitive(self, rule_name: str, t: str) -> str:
-        return self.add_primitive("root" if rule_name == "root" else t, PRIMITIVE_RULES[t])
+        return self.add_primitive("root" if rule_name == "root" else t, t)
 
     # -- patterns -----------------------------------------------------------------------------------------
     def visit_pattern(self, pattern: str, name: str) -> str:
@@ -71,7 +70,7 @@ class _Converter:
         except _Unsupported as e:
             self.rules = snapshot
             self.warnings.append(f"pattern {pattern} is not supported ({e}), accepting any string")
-            return self.add_rule(name, self.add_primitive("string", PRIMITIVE_RULES["string"]))
+            return self.add_rule(name, self.add_primitive("string"))
         except _Invalid as e:
             self.rules = snapshot
             self.errors.append(f"Invalid pattern {pattern}: {e}")
@@ -94,20 +93,12 @@ class _Converter:
         def transform() -> tuple[str, bool]:
             seq: list[tuple[str, bool]] = []
 
-            def join() -> tuple[str, bool]:
-                merged: list[tuple[str, bool]] = []
-                lit = ""
-                for text, is_lit in seq:
-                    if is_lit:
-                        lit += text
-                    else:
-                        if lit:
-                            merged.append((lit, True))
-                            lit = ""
-                        merged.append((text, False))
-                if lit:
-                    merged.append((lit, True))
-                return " ".join(to_rule(x) for x in merged), False
+            def join() -> tuple[str, bool]:  # (runs of literals as one literal)
+                parts = []
+                for is_lit, run in itertools.groupby(seq, key=lambda x: x[1]):
+                    texts = [text for text, _ in run]
+                    parts += ['"' + "".join(texts) + '"'] if is_lit else texts
+                return " ".join(parts), False
 
             while st["i"] < n:
                 i = st["i"]
@@ -229,30 +220,26 @@ class _Converter:
 
     def not_strings(self, strings: list[str]) -> str:
         """A JSON string that is none of ``strings`` (llama.cpp's trie rule, its quirks kept)."""
-        nodes = _trie(strings)
-        char = self.add_primitive("char", PRIMITIVE_RULES["char"])
+        trie = _trie(strings)
+        char = self.add_primitive("char")
         out = ['["] ( ']
 
-        def visit(idx: int) -> None:
-            kids = sorted(nodes[idx]["children"].items())
-            rejects = ""
-            for k, (ch, child) in enumerate(kids):
-                rejects += ch
-                if k:
-                    out.append(" | ")
-                out.append("[" + ch + "]")
-                if nodes[child]["children"]:
+        def visit(node: dict) -> None:
+            kids = sorted((ch, sub) for ch, sub in node.items() if ch)
+            for k, (ch, sub) in enumerate(kids):
+                out.append((" | [" if k else "[") + ch + "]")
+                if set(sub) - {""}:  # more characters follow
                     out.append(" (")
-                    visit(child)
+                    visit(sub)
                     out.append(")")
                 else:
                     out.append(" " + char + "+")
             if kids:
-                out.append(' | [^"' + rejects + "] " + char + "*")
+                out.append(' | [^"' + "".join(ch for ch, _ in kids) + "] " + char + "*")
 
-        visit(0)
+        visit(trie)
         out.append(" )")
-        if not nodes[0]["end"]:
+        if "" not in trie:
             out.append("?")
         out.append(' ["]')
         return "".join(out)
@@ -284,8 +271,8 @@ class _Converter:
         if additional is not None:
             sub = pre + "additional"
             value = (self.visit(additional, sub + "-value") if additional.kind != "any"
-                     else self.add_primitive("value", PRIMITIVE_RULES["value"]))
-            key = (self.add_primitive("string", PRIMITIVE_RULES["string"]) if not names
+                     else self.add_primitive("value"))
+            key = (self.add_primitive("string") if not names
                    else self.add_rule(sub + "-k", self.not_strings(names)))
             kv["*"] = self.add_rule(sub + "-kv", key + ' ":" space ' + value)
             opt_props.append("*")
@@ -365,7 +352,7 @@ class _Converter:
             return self.add_rule(rule_name, "(" + " | ".join(_literal(_dump(v)) for v in node.values) + ")")
         if k == "object":
             if not node.properties and node.additional is not None and node.additional.kind == "any":
-                return self.add_rule(rule_name, self.add_primitive("object", PRIMITIVE_RULES["object"]))
+                return self.add_rule(rule_name, self.add_primitive("object"))
             required = {p for p, _, req in node.properties if req}
             return self.add_rule(rule_name, self.object_rule([(p, s) for p, s, _ in node.properties], required,
                                                              name, node.additional))
@@ -386,9 +373,9 @@ class _Converter:
                 return self.primitive(rule_name, "uuid")
             if node.format:
                 prim = node.format + "-string"
-                return self.add_rule(rule_name, self.add_primitive(prim, STRING_FORMAT_RULES[prim]))
+                return self.add_rule(rule_name, self.add_primitive(prim))
             if node.min_length > 0 or node.max_length >= 0:
-                char = self.add_primitive("char", PRIMITIVE_RULES["char"])
+                char = self.add_primitive("char")
                 hi = INT_MAX if node.max_length < 0 else node.max_length
                 return self.add_rule(rule_name, r'"\"" ' + _repetition(char, node.min_length, hi) + r' "\""')
             return self.primitive(rule_name, "string")
@@ -401,7 +388,7 @@ class _Converter:
             return self.add_rule(rule_name, "".join(out))
         if k in ("number", "boolean", "null"):
             return self.primitive(rule_name, k)
-        return self.add_rule(rule_name, self.add_primitive("value", PRIMITIVE_RULES["value"]))
+        return self.add_rule(rule_name, self.add_primitive("value"))
 
     def grammar(self) -> str:
         if self.errors:

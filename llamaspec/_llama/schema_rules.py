@@ -237,17 +237,12 @@ def _stoi(s: str) -> int:
     return v
 
 
-def _trie(words: list[str]) -> list[dict]:
-    """Nodes ``{"children": {char: index}, "end": bool}`` of the trie of ``words`` (node 0 the root)."""
-    nodes = [{"children": {}, "end": False}]
+def _trie(words: list[str]) -> dict:
+    """The trie of ``words``: ``{char: subtrie}``, and the key ``""`` where a word ends."""
+    root: dict = {}
     for w in words:
-        at = 0
+        node = root
         for ch in w:
-            nxt = nodes[at]["children"].get(ch)
-            if nxt is None:
-                nxt = len(nodes)
-                nodes.append({"children": {}, "end": False})
-                nodes[at]["children"][ch] = nxt
-            at = nxt
-        nodes[at]["end"] = True
-    return nodes
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    return root

@@ -11,16 +11,13 @@ library without the symbol, gives ``None`` and the caller does without. Used by
 from __future__ import annotations
 
 import ctypes
-import logging
-import threading
+import functools
 from typing import TYPE_CHECKING, Optional
 
 import llama_cpp.llama_cpp as native
 
 if TYPE_CHECKING:
     import numpy as np
-
-log = logging.getLogger("llamaspec")
 
 _MAP_SYMBOL = "_Z29llama_internal_get_tensor_mapB5cxx11PK11llama_model"
 _PAIR_SIZE, _STR_SIZE = 40, 32
@@ -43,16 +40,9 @@ class _Fns:
         return all(f is not None for f in (self.tensor_map, self.tensor_set, self.nbytes, self.get_name))
 
 
-_fns: _Fns | None = None
-_lock = threading.Lock()
-
-
+@functools.lru_cache(maxsize=1)
 def _functions() -> _Fns:
-    global _fns
-    with _lock:
-        if _fns is None:
-            _fns = _Fns()
-        return _fns
+    return _Fns()
 
 
 def model_tensors(model_ptr: int) -> Optional[list[tuple[str, int]]]:

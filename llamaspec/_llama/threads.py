@@ -179,9 +179,8 @@ class ThreadTuner:
         #: decodes run under the cap (fewer threads because other processes use the cores)
         self.n_capped = 0
         self._running: tuple[_Bucket, int] | None = None
-        #: probes run, and how often the choice changed
+        #: probes run
         self.n_probes = 0
-        self.n_switches = 0
 
     def _state(self, n_rows: int) -> _Bucket:
         b = bucket(n_rows)
@@ -260,7 +259,6 @@ class ThreadTuner:
         cur_m, alt_m = statistics.median(cur_t), statistics.median(alt_t)
         if alt_m < cur_m * (1.0 - self.gain):
             st.cur = alt
-            self.n_switches += 1
             st.every = self.probe_every
             _LAST_CHOICE[tuple(self.counts)] = alt
         elif alt_m > cur_m * 1.3:
@@ -268,10 +266,3 @@ class ThreadTuner:
         else:
             st.every = self.probe_every
         st.left = st.every
-
-    def info(self) -> dict:
-        """The choice and the median decode time (ms) of each count, per batch-size bucket."""
-        return {"n_probes": self.n_probes, "n_switches": self.n_switches, "n_capped": self.n_capped,
-                "by_rows": {str(b): {"threads": st.cur,
-                                     "ms": {str(c): round(statistics.median(v) * 1e3, 2) for c, v in st.times.items() if v}}
-                            for b, st in sorted(self._buckets.items())}}

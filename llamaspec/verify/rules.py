@@ -158,12 +158,6 @@ Dist = Union[np.ndarray, "tuple[np.ndarray, np.ndarray]"]
 RowSource = Union[np.ndarray, Sequence[Dist], Callable[[int], Dist]]
 
 
-def _getter(src):
-    if callable(src):
-        return src
-    return lambda i: src[i]
-
-
 def sparse_dist(dist: Dist) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, weights)`` of the ids with positive weight, ids ascending (so draws by token id match the
     dense form). Weights are not normalised.
@@ -261,7 +255,7 @@ def rejection_verify(
     d = len(draft)
     if len(p_dft) != d:
         raise ValueError(f"rejection_verify: {len(p_dft)} p_dft vectors for a draft of {d}")
-    row_of = _getter(p_tgt)
+    row_of = p_tgt if callable(p_tgt) else p_tgt.__getitem__
     tokens: list[int] = []
 
     def emit(t: int) -> None:

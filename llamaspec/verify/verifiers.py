@@ -30,10 +30,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Verifier", "MatchVerifier", "RejectionVerifier", "SynthVerifier", "verifier_for"]
 
+
 class Verifier:
     """Base: holds the request's target sampler, the target context and the EOG test."""
-
-    name = "match"
 
     def __init__(self, sampler: "TargetSampler", ctx: "llama.Context", is_eog: Callable[[int], bool]):
         self.sampler = sampler
@@ -56,9 +55,7 @@ class MatchVerifier(Verifier):
     """llama.cpp's ``common_sampler_sample_and_accept_n`` (§8.1); the default and the parity mode."""
 
     def verify(self, rows, draft, p_dft=None):
-        sampler, ctx = self.sampler, self.ctx
-        if not draft:  # plain decoding: sample_and_match of no draft is the one pick
-            return [sampler.sample(ctx, rows[0])]
+        sampler, ctx = self.sampler, self.ctx  # (no draft: plain decoding, the one pick)
         return sample_and_match(lambda i: sampler.sample(ctx, rows[i]), self.is_eog, draft)
 
     def replay(self, rows, known):
@@ -78,8 +75,6 @@ class RejectionVerifier(MatchVerifier):
     sample-and-match draws from, :meth:`TargetSampler.probs`), computed lazily, row by row, after the
     previous token was accepted. A draft without ``p_dft`` (n-gram drafters, or a truncated sampled draft)
     is verified by sample-and-match, and its replay follows the rule that verified the round."""
-
-    name = "rejection"
 
     def __init__(self, sampler, ctx, is_eog, sampling: "llama.SamplingParams"):
         super().__init__(sampler, ctx, is_eog)
@@ -120,8 +115,6 @@ class RejectionVerifier(MatchVerifier):
 class SynthVerifier(Verifier):
     """Synthetic acceptance (§8.2, benchmarks only): drafts are kept with the configured conditional
     probabilities, drawn from the request's mt19937 stream ``synth_rng`` (seeded like the sampler)."""
-
-    name = "synthetic"
 
     def __init__(self, sampler, ctx, is_eog, cond: Sequence[float], seed: int):
         super().__init__(sampler, ctx, is_eog)
