@@ -7,7 +7,7 @@ the plain C name, the Itanium (Linux / macOS) name, the MSVC name. llama-cpp-pyt
 imports. Everything is feature-detected: :func:`missing` lists what the loaded library lacks, :func:`require`
 checks a drafter's needs up front, and calling a missing function raises :class:`UsageError` naming it.
 
-Wrappers (take a :class:`Context` / :class:`Model` or a raw native pointer; return numpy *copies*):
+Wrappers (take a :class:`Context` / :class:`Model`; return numpy *copies*):
 
 * :func:`set_embeddings_nextn`, :func:`get_embeddings_nextn`, :func:`get_embeddings_nextn_ith` - the nextn
   hidden state (input of the MTP head; width ``model.n_embd_out``). ``masked=False`` keeps one row per batch
@@ -42,49 +42,29 @@ _c_ctx = ctypes.c_void_p
 _c_model = ctypes.c_void_p
 _f_ptr = ctypes.POINTER(ctypes.c_float)
 
-#: name -> (symbol names to try in order, argtypes, restype)
-SPECS: dict[str, tuple[tuple[str, ...], list, Any]] = {
-    "llama_set_embeddings_nextn": (
-        ("llama_set_embeddings_nextn", "_Z26llama_set_embeddings_nextnP13llama_contextbb",
-         "?llama_set_embeddings_nextn@@YAXPEAUllama_context@@_N1@Z"),
-        [_c_ctx, ctypes.c_bool, ctypes.c_bool], None),
-    "llama_get_embeddings_nextn": (
-        ("llama_get_embeddings_nextn", "_Z26llama_get_embeddings_nextnP13llama_context",
-         "?llama_get_embeddings_nextn@@YAPEAMPEAUllama_context@@@Z"),
-        [_c_ctx], _f_ptr),
-    "llama_get_embeddings_nextn_ith": (
-        ("llama_get_embeddings_nextn_ith", "_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
-         "?llama_get_embeddings_nextn_ith@@YAPEAMPEAUllama_context@@H@Z"),
-        [_c_ctx, ctypes.c_int32], _f_ptr),
-    "llama_set_nextn_layer_offset": (
-        ("llama_set_nextn_layer_offset", "_Z28llama_set_nextn_layer_offsetP13llama_contexti",
-         "?llama_set_nextn_layer_offset@@YAXPEAUllama_context@@H@Z"),
-        [_c_ctx, ctypes.c_int32], None),
-    "llama_get_ctx_other": (
-        ("llama_get_ctx_other", "_Z19llama_get_ctx_otherP13llama_context",
-         "?llama_get_ctx_other@@YAPEAUllama_context@@PEAU1@@Z"),
-        [_c_ctx], ctypes.c_void_p),
-    "llama_set_embeddings_layer_inp": (
-        ("llama_set_embeddings_layer_inp", "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
-         "?llama_set_embeddings_layer_inp@@YAXPEAUllama_context@@I_N@Z"),
-        [_c_ctx, ctypes.c_uint32, ctypes.c_bool], None),
-    "llama_get_embeddings_layer_inp": (
-        ("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
-         "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z"),
-        [_c_ctx, ctypes.c_uint32], _f_ptr),
-    "llama_model_target_layer_ids": (
-        ("llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model",
-         "?llama_model_target_layer_ids@@YAPEBHPEBUllama_model@@@Z"),
-        [_c_model], ctypes.POINTER(ctypes.c_int32)),
-    "llama_model_target_layer_ids_n": (
-        ("llama_model_target_layer_ids_n", "_Z30llama_model_target_layer_ids_nPK11llama_model",
-         "?llama_model_target_layer_ids_n@@YAIPEBUllama_model@@@Z"),
-        [_c_model], ctypes.c_uint32),
-    "llama_model_dflash_selector_top_k": (
-        ("llama_model_dflash_selector_top_k", "_Z33llama_model_dflash_selector_top_kPK11llama_model",
-         "?llama_model_dflash_selector_top_k@@YAHPEBUllama_model@@@Z"),
-        [_c_model], ctypes.c_int32),
-}
+#: name -> (symbol names to try in order: the C name, the Itanium name, the MSVC name; argtypes, restype)
+SPECS: dict[str, tuple[tuple[str, ...], list, Any]] = {row[0]: (row[:3], row[3], row[4]) for row in [
+    ("llama_set_embeddings_nextn", "_Z26llama_set_embeddings_nextnP13llama_contextbb",
+     "?llama_set_embeddings_nextn@@YAXPEAUllama_context@@_N1@Z", [_c_ctx, ctypes.c_bool, ctypes.c_bool], None),
+    ("llama_get_embeddings_nextn", "_Z26llama_get_embeddings_nextnP13llama_context",
+     "?llama_get_embeddings_nextn@@YAPEAMPEAUllama_context@@@Z", [_c_ctx], _f_ptr),
+    ("llama_get_embeddings_nextn_ith", "_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
+     "?llama_get_embeddings_nextn_ith@@YAPEAMPEAUllama_context@@H@Z", [_c_ctx, ctypes.c_int32], _f_ptr),
+    ("llama_set_nextn_layer_offset", "_Z28llama_set_nextn_layer_offsetP13llama_contexti",
+     "?llama_set_nextn_layer_offset@@YAXPEAUllama_context@@H@Z", [_c_ctx, ctypes.c_int32], None),
+    ("llama_get_ctx_other", "_Z19llama_get_ctx_otherP13llama_context",
+     "?llama_get_ctx_other@@YAPEAUllama_context@@PEAU1@@Z", [_c_ctx], ctypes.c_void_p),
+    ("llama_set_embeddings_layer_inp", "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+     "?llama_set_embeddings_layer_inp@@YAXPEAUllama_context@@I_N@Z", [_c_ctx, ctypes.c_uint32, ctypes.c_bool], None),
+    ("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+     "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z", [_c_ctx, ctypes.c_uint32], _f_ptr),
+    ("llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model",
+     "?llama_model_target_layer_ids@@YAPEBHPEBUllama_model@@@Z", [_c_model], ctypes.POINTER(ctypes.c_int32)),
+    ("llama_model_target_layer_ids_n", "_Z30llama_model_target_layer_ids_nPK11llama_model",
+     "?llama_model_target_layer_ids_n@@YAIPEBUllama_model@@@Z", [_c_model], ctypes.c_uint32),
+    ("llama_model_dflash_selector_top_k", "_Z33llama_model_dflash_selector_top_kPK11llama_model",
+     "?llama_model_dflash_selector_top_k@@YAHPEBUllama_model@@@Z", [_c_model], ctypes.c_int32),
+]}
 
 #: what each drafter needs (for :func:`require` / ``llamaspec probe``)
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -170,10 +150,6 @@ def fn(name: str):
     return f
 
 
-def _ptr(obj):
-    return obj.live_ptr() if hasattr(obj, "live_ptr") else obj
-
-
 def _copy_rows(p, n_rows: int, width: int) -> np.ndarray:
     return np.ctypeslib.as_array(p, shape=(n_rows * width,)).reshape(n_rows, width).copy()
 
@@ -183,9 +159,8 @@ def _copy_rows(p, n_rows: int, width: int) -> np.ndarray:
 
 def set_embeddings_nextn(ctx, value: bool = True, masked: bool = False) -> None:
     """Make ``ctx`` extract the nextn hidden state of every row (``masked=False``) or every output row."""
-    fn("llama_set_embeddings_nextn")(_ptr(ctx), bool(value), bool(masked))
-    if hasattr(ctx, "live_ptr"):
-        ctx._ext_nextn = (bool(value), bool(masked))
+    fn("llama_set_embeddings_nextn")(ctx.live_ptr(), bool(value), bool(masked))
+    ctx._ext_nextn = (bool(value), bool(masked))
 
 
 def get_embeddings_nextn_ith(ctx, i: int, width: int | None = None) -> np.ndarray:
@@ -193,9 +168,9 @@ def get_embeddings_nextn_ith(ctx, i: int, width: int | None = None) -> np.ndarra
 
     :class:`DecodeError` when there is no such row (llama.cpp logs the reason and returns NULL)."""
     w = int(width) if width is not None else int(ctx.model.n_embd_out)
-    if hasattr(ctx, "live_ptr") and not getattr(ctx, "_ext_nextn", (False,))[0]:
+    if not getattr(ctx, "_ext_nextn", (False,))[0]:
         raise UsageError("nextn embeddings were not enabled on this context (call set_embeddings_nextn first)")
-    p = fn("llama_get_embeddings_nextn_ith")(_ptr(ctx), int(i))
+    p = fn("llama_get_embeddings_nextn_ith")(ctx.live_ptr(), int(i))
     if not p:
         raise DecodeError(f"no nextn embedding for row {i} of the last decode (see the llama.cpp log)")
     return np.ctypeslib.as_array(p, shape=(w,)).copy()
@@ -204,7 +179,7 @@ def get_embeddings_nextn_ith(ctx, i: int, width: int | None = None) -> np.ndarra
 def get_embeddings_nextn(ctx, n_rows: int, width: int | None = None) -> np.ndarray:
     """A copy of the first ``n_rows`` nextn rows of the last decode, shape ``(n_rows, width)``."""
     w = int(width) if width is not None else int(ctx.model.n_embd_out)
-    p = fn("llama_get_embeddings_nextn")(_ptr(ctx))
+    p = fn("llama_get_embeddings_nextn")(ctx.live_ptr())
     if not p:
         raise DecodeError("no nextn embeddings (enable them with set_embeddings_nextn before decoding)")
     return _copy_rows(p, int(n_rows), w)
@@ -212,11 +187,10 @@ def get_embeddings_nextn(ctx, n_rows: int, width: int | None = None) -> np.ndarr
 
 def set_nextn_layer_offset(ctx, offset: int) -> None:
     """Select which appended nextn block (0-based) the MTP graph of ``ctx`` runs."""
-    if hasattr(ctx, "model"):
-        n = int(ctx.model.n_layer_nextn)
-        if offset < 0 or (n > 0 and offset >= n):
-            raise UsageError(f"nextn layer offset {offset} out of range: the model has {n} nextn layer(s)")
-    fn("llama_set_nextn_layer_offset")(_ptr(ctx), int(offset))
+    n = int(ctx.model.n_layer_nextn)
+    if offset < 0 or (n > 0 and offset >= n):
+        raise UsageError(f"nextn layer offset {offset} out of range: the model has {n} nextn layer(s)")
+    fn("llama_set_nextn_layer_offset")(ctx.live_ptr(), int(offset))
 
 
 # -- ctx_other -------------------------------------------------------------------------------------
@@ -224,20 +198,14 @@ def set_nextn_layer_offset(ctx, offset: int) -> None:
 
 def get_ctx_other(ctx) -> int | None:
     """The address of the context linked to ``ctx`` through ``ctx_other`` (None when NULL)."""
-    v = fn("llama_get_ctx_other")(_ptr(ctx))
-    if v is None:
-        return None
-    if isinstance(v, int):
-        return v or None
-    v = ctypes.cast(v, ctypes.c_void_p).value
-    return v or None
+    v = fn("llama_get_ctx_other")(ctx.live_ptr())
+    return (v if v is None or isinstance(v, int) else ctypes.cast(v, ctypes.c_void_p).value) or None
 
 
 def ctx_other_is(ctx, other) -> bool:
     """Whether ``ctx``'s ``ctx_other`` is ``other`` (MTP: only a gemma4-assistant shares its target's memory)."""
     a = get_ctx_other(ctx)
-    b = ctypes.cast(_ptr(other), ctypes.c_void_p).value
-    return a is not None and a == b
+    return a is not None and a == ctypes.cast(other.live_ptr(), ctypes.c_void_p).value
 
 
 # -- layer inputs (EAGLE-3 / DFlash features) ---------------------------------------------------------
@@ -245,34 +213,29 @@ def ctx_other_is(ctx, other) -> bool:
 
 def set_embeddings_layer_inp(ctx, lid: int, enable: bool = True) -> None:
     """Extract (or stop extracting) the input of layer ``lid`` (``0 <= lid <= n_layer``) on every decode."""
-    if hasattr(ctx, "model"):
-        n_layer = int(ctx.model.n_layer)
-        if not 0 <= lid <= n_layer:  # llama.cpp asserts (aborts) here
-            raise UsageError(f"layer id {lid} out of range: the target has {n_layer} layers (valid 0..{n_layer})")
-    fn("llama_set_embeddings_layer_inp")(_ptr(ctx), int(lid), bool(enable))
-    if hasattr(ctx, "live_ptr"):
-        on = vars(ctx).setdefault("_ext_layer_inp", {})
-        if enable:
-            on[int(lid)] = getattr(ctx, "n_decodes", 0)
-        else:
-            on.pop(int(lid), None)
+    n_layer = int(ctx.model.n_layer)
+    if not 0 <= lid <= n_layer:  # llama.cpp asserts (aborts) here
+        raise UsageError(f"layer id {lid} out of range: the target has {n_layer} layers (valid 0..{n_layer})")
+    fn("llama_set_embeddings_layer_inp")(ctx.live_ptr(), int(lid), bool(enable))
+    on = vars(ctx).setdefault("_ext_layer_inp", {})  # layer -> the decode count when it was enabled
+    if enable:
+        on[int(lid)] = ctx.n_decodes
+    else:
+        on.pop(int(lid), None)
 
 
 def get_embeddings_layer_inp(ctx, lid: int, n_rows: int, width: int | None = None) -> np.ndarray:
-    """A copy of layer ``lid``'s input for the first ``n_rows`` rows of the last batch, ``(n_rows, n_embd)``.
-
-    For a :class:`Context` this checks that the layer was enabled before the last decode (llama.cpp
-    aborts otherwise)."""
-    if hasattr(ctx, "live_ptr"):
-        since = getattr(ctx, "_ext_layer_inp", {}).get(int(lid))
-        if since is None:
-            raise UsageError(f"layer {lid} input is not extracted on this context (call set_embeddings_layer_inp first)")
-        if getattr(ctx, "n_decodes", 0) <= since:
-            raise UsageError(f"layer {lid} input: no decode since extraction was enabled")
-        if not 0 < n_rows <= ctx.n_batch:
-            raise UsageError(f"n_rows={n_rows} out of range 1..{ctx.n_batch}")
+    """A copy of layer ``lid``'s input for the first ``n_rows`` rows of the last batch, ``(n_rows, n_embd)``,
+    once the layer was enabled before the last decode (llama.cpp aborts otherwise)."""
+    since = getattr(ctx, "_ext_layer_inp", {}).get(int(lid))
+    if since is None:
+        raise UsageError(f"layer {lid} input is not extracted on this context (call set_embeddings_layer_inp first)")
+    if ctx.n_decodes <= since:
+        raise UsageError(f"layer {lid} input: no decode since extraction was enabled")
+    if not 0 < n_rows <= ctx.n_batch:
+        raise UsageError(f"n_rows={n_rows} out of range 1..{ctx.n_batch}")
     w = int(width) if width is not None else int(ctx.model.n_embd)
-    p = fn("llama_get_embeddings_layer_inp")(_ptr(ctx), int(lid))
+    p = fn("llama_get_embeddings_layer_inp")(ctx.live_ptr(), int(lid))
     if not p:
         raise DecodeError(f"no input of layer {lid} from the last decode")
     return _copy_rows(p, int(n_rows), w)
@@ -283,17 +246,15 @@ def get_embeddings_layer_inp(ctx, lid: int, n_rows: int, width: int | None = Non
 
 def model_target_layer_ids(model) -> list[int]:
     """The target layers an EAGLE-3 / DFlash draft reads (``[]`` when the model has none)."""
-    mp = _ptr(model)
+    mp = model.live_ptr()
     n = int(fn("llama_model_target_layer_ids_n")(mp))
-    if n == 0:
-        return []
-    p = fn("llama_model_target_layer_ids")(mp)
+    p = fn("llama_model_target_layer_ids")(mp) if n else None
     return [int(p[i]) for i in range(n)] if p else []
 
 
 def dflash_selector_top_k(model) -> int:
     """DFlash2 selector top-k of a dflash draft (0 when it has no selector)."""
-    return int(fn("llama_model_dflash_selector_top_k")(_ptr(model)))
+    return int(fn("llama_model_dflash_selector_top_k")(model.live_ptr()))
 
 
 __all__ = [
@@ -324,10 +285,9 @@ __all__ = [
 
 def set_causal_attn(ctx, causal: bool) -> None:
     """``llama_set_causal_attn``: DFlash drafts run their block non-causally unless the head says otherwise."""
-    native.llama_set_causal_attn(_ptr(ctx), bool(causal))
+    native.llama_set_causal_attn(ctx.live_ptr(), bool(causal))
 
 
 def vocab_mask(model) -> int:
     """``llama_vocab_mask`` of ``model`` (GGUF ``tokenizer.ggml.mask_token_id``; -1 when unset)."""
-    vocab = model.vocab.ptr if hasattr(model, "vocab") else native.llama_model_get_vocab(_ptr(model))
-    return int(native.llama_vocab_mask(vocab))
+    return int(native.llama_vocab_mask(model.vocab.ptr))

@@ -199,9 +199,9 @@ class Model(_Owned):
             params.main_gpu = main_gpu
         if split_mode is not None:
             params.split_mode = SPLIT_MODES[split_mode]
-        # llama.cpp reads max_devices() floats through this pointer while it loads: the array lives until then
-        ts_buf = (ctypes.c_float * max_devices())(*ts) if ts is not None else None
-        if ts_buf is not None:
+        # (llama.cpp reads the tensor_split and devices arrays while it loads: locals, alive until __init__ returns)
+        if ts is not None:
+            ts_buf = (ctypes.c_float * max_devices())(*ts)
             params.tensor_split = ts_buf
         #: what llama.cpp was asked for (attributes, for reports and tests)
         self.n_gpu_layers: int = int(params.n_gpu_layers)
@@ -220,16 +220,14 @@ class Model(_Owned):
             params.load_mtp = load_mtp
         #: loaded with its MTP (nextn) blocks: an MTP context on a model without them aborts llama.cpp
         self.load_mtp: bool = bool(load_mtp)
-        dev_buf = rpc.device_array(list(self.rpc_devices) + rpc.local_gpu_devices()) if self.rpc_devices else None
-        if dev_buf is not None:
+        if self.rpc_devices:
+            dev_buf = rpc.device_array(list(self.rpc_devices) + rpc.local_gpu_devices())
             params.devices = ctypes.cast(dev_buf, ctypes.c_void_p).value
         _forget_native_errors()
-        if self.rpc_devices:  # over the network: on the RPC worker (a server that dies must not abort us)
-            ptr = rpc.call(native.llama_model_load_from_file, str(self.path).encode("utf-8"), params,
-                           what=f"loading {self.path.name}")
-        else:
-            ptr = native.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
-        del ts_buf, dev_buf
+        # over the network on the RPC worker (a server that dies must not abort us)
+        ptr = (rpc.call(native.llama_model_load_from_file, str(self.path).encode("utf-8"), params,
+                        what=f"loading {self.path.name}") if self.rpc_devices
+               else native.llama_model_load_from_file(str(self.path).encode("utf-8"), params))
         if not ptr:
             why = _last_native_error("llama.cpp could not load it")
             raise ModelFormatError(f"failed to load model {self.path}: {why}")
