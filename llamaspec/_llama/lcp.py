@@ -6,7 +6,6 @@ The high-level modules are imported on first use, as the bench did before: nothi
 """
 from __future__ import annotations
 
-import threading
 from typing import Callable
 
 
@@ -24,11 +23,29 @@ def prompt_lookup_decoding(num_pred_tokens: int):
     return LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens)
 
 
-_PARAMS_LOCK = threading.Lock()
+def load_llama(path: str, **kwargs):
+    """``llama_cpp.Llama(path, **kwargs)``, without llama.cpp's extra weight buffers where llamaspec's own
+    models load without them (:mod:`llamaspec._llama.cpu_features`), through
+    :func:`llama_without_extra_buffers`."""
+    from llama_cpp import Llama
+
+    llama_without_extra_buffers()
+    return Llama(path, **kwargs)
 
 
-def _without_extra_buffers(default: Callable):
-    """``llama_model_default_params`` as ``default`` gives them, with the extra weight buffers off."""
+def llama_without_extra_buffers() -> None:
+    """For this whole process: every ``llama_cpp.Llama`` loads without the extra weight buffers where
+    llamaspec's own models do (``Llama`` has no argument for it, so its default model parameters are wrapped;
+    also what tests whose reference is llama-cpp-python's own ``Llama`` need). Idempotent; nothing to do where
+    the buffers are safe."""
+    import llama_cpp
+
+    from .cpu_features import use_extra_buffers
+
+    native = llama_cpp.llama_cpp
+    default = native.llama_model_default_params
+    if use_extra_buffers() or hasattr(default, "wraps_default"):
+        return
 
     def params():
         p = default()
@@ -36,40 +53,7 @@ def _without_extra_buffers(default: Callable):
         return p
 
     params.wraps_default = default
-    return params
-
-
-def load_llama(path: str, **kwargs):
-    """``llama_cpp.Llama(path, **kwargs)``, without llama.cpp's extra weight buffers where llamaspec's own
-    models load without them (:mod:`llamaspec._llama.cpu_features`: ``Llama`` has no argument for it, so its
-    default model parameters are wrapped while it loads)."""
-    import llama_cpp
-    from llama_cpp import Llama
-
-    from .cpu_features import use_extra_buffers
-
-    if use_extra_buffers():
-        return Llama(path, **kwargs)
-    native = llama_cpp.llama_cpp
-    with _PARAMS_LOCK:
-        default = native.llama_model_default_params
-        native.llama_model_default_params = _without_extra_buffers(default)
-        try:
-            return Llama(path, **kwargs)
-        finally:
-            native.llama_model_default_params = default
-
-
-def llama_without_extra_buffers() -> None:
-    """For this whole process: every ``llama_cpp.Llama`` loads as :func:`load_llama` does (tests whose
-    reference is llama-cpp-python's own ``Llama``). Idempotent; nothing to do where the buffers are safe."""
-    import llama_cpp
-
-    from .cpu_features import use_extra_buffers
-
-    native = llama_cpp.llama_cpp
-    if not use_extra_buffers() and not hasattr(native.llama_model_default_params, "wraps_default"):
-        native.llama_model_default_params = _without_extra_buffers(native.llama_model_default_params)
+    native.llama_model_default_params = params
 
 
 def eog_test(llm) -> Callable[[int], bool]:

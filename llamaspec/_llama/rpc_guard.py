@@ -8,6 +8,7 @@ Part of :mod:`llamaspec._llama.rpc` (use that module).
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import os
@@ -39,7 +40,8 @@ class _State:
         self.worker: threading.Thread | None = None
         self.jobs: "queue.SimpleQueue" = queue.SimpleQueue()
         self.abort_cb = None
-        self.in_use: dict[str, int] = {}  # endpoint -> models loaded on it (ggml holds one connection)
+        #: endpoint -> models loaded on it (ggml holds one connection)
+        self.in_use: collections.Counter[str] = collections.Counter()
 
     def fail(self, why: str) -> None:
         with self.cv:
@@ -171,18 +173,12 @@ def call_or_leak(fn: Callable, *args, what: str = "freeing") -> bool:
 def acquire(endpoints: Sequence[str]) -> None:
     """A model now holds a connection to these servers (the pre-check would block on them)."""
     with setup_lock:
-        for ep in set(endpoints):
-            _state.in_use[ep] = _state.in_use.get(ep, 0) + 1
+        _state.in_use.update(set(endpoints))
 
 
 def release(endpoints: Sequence[str]) -> None:
     with setup_lock:
-        for ep in set(endpoints):
-            n = _state.in_use.get(ep, 0) - 1
-            if n > 0:
-                _state.in_use[ep] = n
-            else:
-                _state.in_use.pop(ep, None)
+        _state.in_use -= collections.Counter(set(endpoints))  # (keeps the positive counts only)
 
 
 def connected(endpoint: str) -> bool:

@@ -12,7 +12,7 @@ from .context import Context
 from .grammar_limits import MAX_ALTERNATIVES, alternatives_message, alternatives_over, check_gbnf
 from .log import _forget_native_errors, _last_native_error
 from .model import Model, Vocab, _Owned
-from .sampler_chain import chain_samplers
+from .sampler_chain import chain_samplers, sampler_order
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: "pick a random seed"
 
@@ -66,32 +66,25 @@ class SamplingParams:
         return self.temp <= 0
 
     def validate(self) -> None:
-        if self.top_k < 0:
-            raise UsageError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0.0 <= self.top_p <= 1.0:
-            raise UsageError(f"top-p must be in [0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise UsageError(f"min-p must be in [0, 1], got {self.min_p}")
-        if self.repeat_last_n < -1:
-            raise UsageError(f"repeat-last-n must be -1 (the context size), 0 (off) or a positive window, got "
-                             f"{self.repeat_last_n}")
-        if self.repeat_penalty <= 0:
-            raise UsageError(f"repeat-penalty must be > 0 (1.0 disables it), got {self.repeat_penalty}")
-        if not 0 <= self.seed <= 0xFFFFFFFF:
-            raise UsageError(f"seed must be in [0, 4294967295], got {self.seed}")
-        if self.temp != self.temp:  # NaN
-            raise UsageError("temperature must be a number")
-        if self.mirostat not in (0, 1, 2):
-            raise UsageError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat}")
-        if self.min_keep < 0 or self.dry_allowed_length < 0 or self.dry_penalty_last_n < 0:
-            raise UsageError("min-keep, dry-allowed-length and dry-penalty-last-n must be >= 0")
-        if self.max_grammar_alternatives < 0:
-            raise UsageError(f"max-grammar-alternatives must be >= 0 (0: no limit), got {self.max_grammar_alternatives}")
-        if not 0.0 <= self.xtc_probability <= 1.0:
-            raise UsageError(f"xtc-probability must be in [0, 1], got {self.xtc_probability}")
+        for bad, msg in (
+            (self.top_k < 0, f"top-k must be >= 0 (0 disables it), got {self.top_k}"),
+            (not 0.0 <= self.top_p <= 1.0, f"top-p must be in [0, 1], got {self.top_p}"),
+            (not 0.0 <= self.min_p <= 1.0, f"min-p must be in [0, 1], got {self.min_p}"),
+            (self.repeat_last_n < -1, "repeat-last-n must be -1 (the context size), 0 (off) or a positive window, "
+                                      f"got {self.repeat_last_n}"),
+            (self.repeat_penalty <= 0, f"repeat-penalty must be > 0 (1.0 disables it), got {self.repeat_penalty}"),
+            (not 0 <= self.seed <= 0xFFFFFFFF, f"seed must be in [0, 4294967295], got {self.seed}"),
+            (self.temp != self.temp, "temperature must be a number"),  # NaN
+            (self.mirostat not in (0, 1, 2), f"mirostat must be 0 (off), 1 or 2, got {self.mirostat}"),
+            (self.min_keep < 0 or self.dry_allowed_length < 0 or self.dry_penalty_last_n < 0,
+             "min-keep, dry-allowed-length and dry-penalty-last-n must be >= 0"),
+            (self.max_grammar_alternatives < 0,
+             f"max-grammar-alternatives must be >= 0 (0: no limit), got {self.max_grammar_alternatives}"),
+            (not 0.0 <= self.xtc_probability <= 1.0, f"xtc-probability must be in [0, 1], got {self.xtc_probability}"),
+        ):
+            if bad:
+                raise UsageError(msg)
         if self.samplers is not None:
-            from .sampler_chain import sampler_order
-
             self.samplers = sampler_order(self.samplers)
         for tok, bias in self.logit_bias:
             if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:

@@ -87,9 +87,6 @@ class _Converter:
         def to_rule(item: tuple[str, bool]) -> str:
             return '"' + item[0] + '"' if item[1] else item[0]
 
-        def dot() -> str:
-            return self.add_rule("dot", r"[^\x0A\x0D]")  # llama-server's converter never runs with dotall
-
         def transform() -> tuple[str, bool]:
             seq: list[tuple[str, bool]] = []
 
@@ -103,16 +100,15 @@ class _Converter:
             while st["i"] < n:
                 i = st["i"]
                 c = sub[i]
-                if c == ".":
-                    seq.append((dot(), False))
+                if c == ".":  # (llama-server's converter never runs with dotall)
+                    seq.append((self.add_rule("dot", r"[^\x0A\x0D]"), False))
                     st["i"] += 1
                 elif c == "(":
                     st["i"] += 1
-                    if st["i"] < n and sub[st["i"]] == "?":
-                        if st["i"] + 1 < n and sub[st["i"] + 1] == ":":
-                            st["i"] += 2
-                        else:
+                    if sub.startswith("?", st["i"]):
+                        if not sub.startswith("?:", st["i"]):
                             raise _Unsupported("unsupported group syntax")
+                        st["i"] += 2
                     st["depth"] += 1
                     if st["depth"] > MAX_PATTERN_DEPTH:
                         raise _Unsupported("pattern nesting too deep")
@@ -129,15 +125,11 @@ class _Converter:
                     cls = "["
                     i += 1
                     while i < n and sub[i] != "]":
-                        if sub[i] == "\\":
-                            k = _escape_len(sub, i)
-                            if k == 0:
-                                raise _Unsupported("unsupported escape in character class: " + sub[i:i + 2])
-                            cls += sub[i:i + k]
-                            i += k
-                        else:
-                            cls += sub[i]
-                            i += 1
+                        k = _escape_len(sub, i) if sub[i] == "\\" else 1
+                        if k == 0:
+                            raise _Unsupported("unsupported escape in character class: " + sub[i:i + 2])
+                        cls += sub[i:i + k]
+                        i += k
                     if i >= n:
                         raise _Invalid("unterminated character class")
                     st["i"] = i + 1
@@ -151,24 +143,18 @@ class _Converter:
                     seq[-1] = (to_rule(seq[-1]) + c, False)
                     st["i"] += 1
                 elif c == "{":
-                    j = i + 1
-                    while j < n and sub[j] != "}":
-                        j += 1
-                    if j >= n:
+                    j = sub.find("}", i + 1)
+                    if j < 0:
                         raise _Unsupported("unterminated curly brackets")
                     nums = sub[i + 1:j].split(",")
                     st["i"] = j + 1
-                    lo, hi = 0, INT_MAX
                     if len(nums) not in (1, 2):
                         raise _Unsupported("wrong number of values in curly brackets")
                     try:
                         if len(nums) == 1:
                             lo = hi = _stoi(nums[0])
                         else:
-                            if nums[0]:
-                                lo = _stoi(nums[0])
-                            if nums[1]:
-                                hi = _stoi(nums[1])
+                            lo, hi = _stoi(nums[0]) if nums[0] else 0, _stoi(nums[1]) if nums[1] else INT_MAX
                     except ValueError:
                         raise _Unsupported("invalid number in curly brackets") from None
                     if not seq:
@@ -188,16 +174,12 @@ class _Converter:
                         if ch == "\\":
                             if i == n - 1:
                                 raise _Invalid("trailing backslash")
-                            nxt = sub[i + 1]
-                            if nxt in _REGEX_ONLY_ESCAPES:
-                                lit += nxt
-                                i += 2
-                            else:
-                                k = _escape_len(sub, i)
-                                if k == 0:
-                                    raise _Unsupported("unsupported escape: " + sub[i:i + 2])
-                                lit += sub[i:i + k]
-                                i += k
+                            plain = sub[i + 1] in _REGEX_ONLY_ESCAPES  # (the character itself)
+                            k = 2 if plain else _escape_len(sub, i)
+                            if k == 0:
+                                raise _Unsupported("unsupported escape: " + sub[i:i + 2])
+                            lit += sub[i + 1] if plain else sub[i:i + k]
+                            i += k
                         elif ch == '"':
                             lit += '\\"'
                             i += 1

@@ -46,6 +46,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 __all__ = ["FreeCores", "ThreadTuner", "bucket", "free_cores"]
@@ -145,17 +146,15 @@ def bucket(n: int) -> int:
     return b
 
 
+@dataclass(slots=True)
 class _Bucket:
-    __slots__ = ("cur", "left", "probe", "probe_left", "every", "times", "next_alt")
-
-    def __init__(self, cur: int, first: int, every: int, window: int, counts: Sequence[int]):
-        self.cur = cur
-        self.left = first  # decodes before the first probe
-        self.every = every
-        self.probe: int | None = None  # the count being tried, or None
-        self.probe_left = 0
-        self.times: dict[int, deque[float]] = {c: deque(maxlen=window) for c in counts}
-        self.next_alt = 0  # which alternative the next probe tries (round robin)
+    cur: int
+    left: int  # decodes before the next probe
+    every: int
+    times: dict[int, deque[float]]  # the last decode times of each count
+    probe: int | None = None  # the count being tried, or None
+    probe_left: int = 0
+    next_alt: int = 0  # which alternative the next probe tries (round robin)
 
 
 class ThreadTuner:
@@ -196,7 +195,7 @@ class ThreadTuner:
                 hint = _LAST_CHOICE.get(tuple(self.counts))
                 cur, every = (hint, self.probe_every) if hint is not None else (self.counts[0], self.probe_every)
                 first = self.probe_every if hint is not None else min(self.probe_len, self.probe_every)
-            st = self._buckets[b] = _Bucket(cur, first, every, self.window, self.counts)
+            st = self._buckets[b] = _Bucket(cur, first, every, {c: deque(maxlen=self.window) for c in self.counts})
         return st
 
     def choice(self, n_rows: int) -> int:
