@@ -27,7 +27,7 @@ from typing import Any
 
 __all__ = ["json_schema_grammar", "read_schema", "SchemaError", "SPACE_RULE", "PRIMITIVE_RULES"]
 
-from .schema_read import (SchemaError, Node, Ref, Alts, Enum, Object, INT_MAX, I64_MIN, I64_MAX, MAX_PATTERN_DEPTH, read_schema)  # noqa: F401 - read_schema, SchemaError re-exported
+from .schema_read import (SchemaError, Node, INT_MAX, I64_MIN, I64_MAX, MAX_PATTERN_DEPTH, read_schema)  # noqa: F401 - read_schema, SchemaError re-exported
 from .schema_rules import (PRIMITIVE_RULES, STRING_FORMAT_RULES, SPACE_RULE, _INVALID_NAME, _Invalid, _NON_LITERAL, _REGEX_ONLY_ESCAPES, _RESERVED, _Unsupported, _dump, _escape_len, _int_range, _literal, _repetition, _stoi, _trie)  # noqa: F401
 
 
@@ -227,7 +227,7 @@ class _Converter:
         return "".join(out)
 
     # -- nodes ---------------------------------------------------------------------------------------------
-    def resolve_ref(self, node: Ref) -> str:
+    def resolve_ref(self, node: Node) -> str:
         frag = node.ref[node.ref.index("#") + 1:] if "#" in node.ref else node.ref
         ref_name = "ref" + _INVALID_NAME.sub("-", frag)
         if ref_name not in self.rules and node.ref not in self.resolving:
@@ -285,21 +285,21 @@ class _Converter:
             rule += " )?"
         return rule + ' space "}"'
 
-    def visit_all_of(self, node: Alts, name: str, rule_name: str) -> str:
+    def visit_all_of(self, node: Node, name: str, rule_name: str) -> str:
         required: set[str] = set()
         props: list = []
         enums: dict[str, int] = {}
 
         def add(comp: Node, is_required: bool) -> None:
-            if isinstance(comp, Ref):
+            if comp.kind == "ref":
                 if comp.target is not None:
                     add(comp.target, is_required)
-            elif isinstance(comp, Object):
+            elif comp.kind == "object":
                 for pname, pschema, _ in comp.properties:
                     props.append((pname, pschema))
                     if is_required:
                         required.add(pname)
-            elif isinstance(comp, Enum):
+            elif comp.kind == "enum":
                 for v in comp.values:
                     r = _literal(_dump(v))
                     enums[r] = enums.get(r, 0) + 1

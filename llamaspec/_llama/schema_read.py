@@ -11,8 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["read_schema", "SchemaError", "Node", "Ref", "Alts", "Const", "Enum", "Integer", "String", "Array",
-           "Tuple", "Object", "INT_MAX", "I64_MIN", "I64_MAX"]
+__all__ = ["read_schema", "SchemaError", "Node", "INT_MAX", "I64_MIN", "I64_MAX"]
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 INT_MAX = (1 << 31) - 1  # "no maximum" of a repetition
@@ -26,59 +25,24 @@ class SchemaError(ValueError):
 # -- the typed tree ------------------------------------------------------------------------------------
 @dataclass
 class Node:
+    """One node of the tree: its ``kind`` and the fields that kind has (the others keep their defaults)."""
+
     kind: str  # any ref anyOf allOf const enum null boolean number integer string array tuple object
-
-
-@dataclass
-class Ref(Node):
-    ref: str = ""
+    ref: str = ""  # ref: the reference, and the node it names (set once the whole schema is read)
     target: "Node | None" = None
-
-
-@dataclass
-class Alts(Node):  # anyOf / allOf
-    children: list = field(default_factory=list)
-
-
-@dataclass
-class Const(Node):
-    value: Any = None
-
-
-@dataclass
-class Enum(Node):
-    values: list = field(default_factory=list)
-
-
-@dataclass
-class Integer(Node):
-    minimum: int = I64_MIN
+    children: list = field(default_factory=list)  # anyOf / allOf
+    value: Any = None  # const
+    values: list = field(default_factory=list)  # enum
+    minimum: int = I64_MIN  # integer
     maximum: int = I64_MAX
-
-
-@dataclass
-class String(Node):
-    pattern: str = ""
-    format: str = ""  # "", date, time, date-time, uuid
+    pattern: str = ""  # string: a pattern, a format ("", date, time, date-time, uuid), a length
+    format: str = ""
     min_length: int = 0
     max_length: int = -1
-
-
-@dataclass
-class Array(Node):
-    items: "Node | None" = None
+    items: Any = None  # array: the items' Node; tuple: a list of Nodes
     min_items: int = 0
     max_items: int = -1
-
-
-@dataclass
-class Tuple(Node):
-    items: list = field(default_factory=list)
-
-
-@dataclass
-class Object(Node):
-    properties: list = field(default_factory=list)  # (name, Node, required)
+    properties: list = field(default_factory=list)  # object: (name, Node, required); the other keys' Node
     additional: "Node | None" = None
 
 
@@ -101,7 +65,7 @@ class _Reader:
     def __init__(self, root: Any):
         self.root = root
         self.refs: dict[str, Node | None] = {}
-        self.pending: list[Ref] = []
+        self.pending: list[Node] = []
 
     @staticmethod
     def fail(path: str, msg: str):
@@ -159,7 +123,7 @@ class _Reader:
         if value not in self.refs:
             self.refs[value] = None  # a cycle back to this $ref stops here
             self.refs[value] = self.node(self.resolve(value, path), value)
-        node = Ref("ref", ref=value)
+        node = Node("ref", ref=value)
         self.pending.append(node)
         return node
 
@@ -168,12 +132,12 @@ class _Reader:
             self.fail(path, "must be an array of schemas")
         if not alts:
             self.fail(path, "must not be empty")
-        return Alts(kind, children=[self.node(a, f"{path}/{i}") for i, a in enumerate(alts)])
+        return Node(kind, children=[self.node(a, f"{path}/{i}") for i, a in enumerate(alts)])
 
     def object(self, schema: dict, path: str) -> Node:
         req = schema.get("required")
         required = {n for n in req if isinstance(n, str)} if isinstance(req, list) else set()
-        node = Object("object")
+        node = Node("object")
         if "properties" in schema:
             props = schema["properties"]
             if not isinstance(props, dict):
@@ -192,12 +156,12 @@ class _Reader:
         return node
 
     def array(self, schema: dict, path: str) -> Node:
-        node = Array("array")
+        node = Node("array")
         if "items" in schema or "prefixItems" in schema:
             key = "items" if "items" in schema else "prefixItems"
             items = schema[key]
             if isinstance(items, list):
-                return Tuple("tuple", items=[self.node(x, f"{path}/{key}/{i}") for i, x in enumerate(items)])
+                return Node("tuple", items=[self.node(x, f"{path}/{key}/{i}") for i, x in enumerate(items)])
             node.items = self.node(items, f"{path}/{key}")
         else:
             node.items = Node("any")
@@ -206,7 +170,7 @@ class _Reader:
         return node
 
     def string(self, schema: dict, path: str) -> Node:
-        node = String("string")
+        node = Node("string")
         if "pattern" in schema:
             if not isinstance(schema["pattern"], str):
                 self.fail(path, "pattern must be a string")
@@ -217,7 +181,7 @@ class _Reader:
         return node
 
     def integer(self, schema: dict, path: str) -> Node:
-        node = Integer("integer")
+        node = Node("integer")
         if "minimum" in schema:
             node.minimum = self.bound(schema, "minimum", path, True)
         elif "exclusiveMinimum" in schema:
@@ -242,15 +206,15 @@ class _Reader:
         if isinstance(t, list):  # {"type": [a, b], ...} = {"anyOf": [{"type": a, ...}, {"type": b, ...}]}
             if not t:
                 self.fail(path, "type must not be empty")
-            return Alts("anyOf", children=[self.node({**schema, "type": x}, f"{path}/type/{i}")
+            return Node("anyOf", children=[self.node({**schema, "type": x}, f"{path}/type/{i}")
                                            for i, x in enumerate(t)])
         if "const" in schema:
-            return Const("const", value=schema["const"])
+            return Node("const", value=schema["const"])
         if "enum" in schema:
             vals = schema["enum"]
             if not isinstance(vals, list) or not vals:
                 self.fail(path, "enum must be a non-empty array")
-            return Enum("enum", values=list(vals))
+            return Node("enum", values=list(vals))
         if t is not None and not isinstance(t, str):
             self.fail(path, "type must be a string or an array of strings")
         t = t or ""
