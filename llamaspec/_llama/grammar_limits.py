@@ -41,7 +41,7 @@ from typing import Any
 from .grammar_cost import open_alternatives
 
 __all__ = ["MAX_GROUP_DEPTH", "MAX_REPEAT", "MAX_EXPANSION", "MAX_ALTERNATIVES", "check_gbnf", "check_schema",
-           "gbnf_depth", "alternatives_over", "alternatives_message"]
+           "alternatives_over", "alternatives_message"]
 
 MAX_GROUP_DEPTH = 2500
 MAX_REPEAT = 2000
@@ -57,15 +57,6 @@ _COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 _COUNT_KEYS = ("minItems", "maxItems", "minLength", "maxLength")
 
 
-def gbnf_depth(text: str) -> int:
-    """How deep ``text``'s groups nest (outside string literals, character classes and comments)."""
-    depth = best = 0
-    for c in re.findall(r"[()]", _GBNF_SKIP.sub("", text)):
-        depth += 1 if c == "(" else -1
-        best = max(best, depth)
-    return best
-
-
 def check_gbnf(text: str) -> None:
     """:class:`ValueError` when ``text`` nests groups deeper than :data:`MAX_GROUP_DEPTH`, or has a repetition
     ``{m,n}`` with ``m > n`` or a count over :data:`MAX_REPEAT` (outside literals and character classes):
@@ -77,10 +68,14 @@ def check_gbnf(text: str) -> None:
     Traceback (most recent call last):
     ValueError: the grammar repeats {19,15}: the minimum is above the maximum
     """
-    d = gbnf_depth(text)
+    plain = _GBNF_SKIP.sub("", text)  # (literals, character classes and comments do not count)
+    depth = d = 0
+    for c in re.findall(r"[()]", plain):
+        depth += 1 if c == "(" else -1
+        d = max(d, depth)
     if d > MAX_GROUP_DEPTH:
         raise ValueError(f"the grammar nests {d} groups deep, over the limit of {MAX_GROUP_DEPTH}")
-    for m in _COUNT.finditer(_GBNF_SKIP.sub("", text)):
+    for m in _COUNT.finditer(plain):
         lo, hi = int(m.group(1)), m.group(2)
         if hi:
             if int(hi) < lo:

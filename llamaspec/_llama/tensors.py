@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import types
 from typing import TYPE_CHECKING, Optional
 
 import llama_cpp.llama_cpp as native
@@ -23,33 +24,25 @@ _MAP_SYMBOL = "_Z29llama_internal_get_tensor_mapB5cxx11PK11llama_model"
 _PAIR_SIZE, _STR_SIZE = 40, 32
 
 
-class _Fns:
-    def __init__(self) -> None:
-        from .rpc_ggml import bind, ggml_libraries
-
-        libs = [native._lib, *ggml_libraries()]
-
-        self.tensor_map = bind(libs, _MAP_SYMBOL, ctypes.c_void_p, [ctypes.c_void_p])
-        self.tensor_set = bind(libs, "ggml_backend_tensor_set", None,
-                               [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t])
-        self.nbytes = bind(libs, "ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p])
-        self.get_name = bind(libs, "ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p])
-
-    @property
-    def ok(self) -> bool:
-        return all(f is not None for f in (self.tensor_map, self.tensor_set, self.nbytes, self.get_name))
-
-
 @functools.lru_cache(maxsize=1)
-def _functions() -> _Fns:
-    return _Fns()
+def _functions() -> types.SimpleNamespace:
+    """The native functions this module calls, bound on libllama / libggml (each None where none exports it)."""
+    from .rpc_ggml import bind, ggml_libraries
+
+    libs = [native._lib, *ggml_libraries()]
+    return types.SimpleNamespace(
+        tensor_map=bind(libs, _MAP_SYMBOL, ctypes.c_void_p, [ctypes.c_void_p]),
+        tensor_set=bind(libs, "ggml_backend_tensor_set", None,
+                        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
+        nbytes=bind(libs, "ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p]),
+        get_name=bind(libs, "ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p]))
 
 
 def model_tensors(model_ptr: int) -> Optional[list[tuple[str, int]]]:
     """``(name, ggml_tensor *)`` of every tensor of a loaded model (a tied output appears twice under the
     embedding's name), or None where this library's tensor map cannot be read safely."""
     f = _functions()
-    if not f.ok:
+    if any(fn is None for fn in vars(f).values()):
         return None
     vec = f.tensor_map(model_ptr)
     if not vec:

@@ -13,17 +13,15 @@ of each), decodes with the current choice, and every ``probe_every`` decodes of 
 for ``probe_len`` decodes: a count whose median time is ``gain`` faster becomes the choice. While the choice
 wins clearly the interval doubles (up to ``probe_every_max``: on a quiet machine a probe then costs under 1%).
 
-Before all that, the OS says how many cores are free: :class:`FreeCores` reads the machine's busy time
-(``/proc/stat``) and this process's own CPU time (``os.times``) at most every quarter second; what other processes
-use is the difference. Time the OS books as *nice* (processes given a lower priority: ``nice``, a background build,
-a test run) is left out of it when this process itself runs at normal or higher priority: the scheduler gives such
-a process a few percent of a core against ours (weight 15 for nice 19, 110 for nice 10, against 1024), so its
-cores are ours when we need them. (A process niced by only 1-5 would still take a third of a core or more: it is
-counted as free all the same, a known limit of reading ``/proc/stat``.) While they use cores that this context's threads would need, a decode runs with as many
-threads as there are free cores (at least one) and nothing is probed: a timed probe of two threads on a busy box
-costs up to ten decodes, and timings taken under load say more about the load than about the thread count. When
-the other processes stop, the cap lifts at the next reading. The thread count does not change what a decode computes (each
-output is reduced by one thread, whatever their number), so outputs are the same whatever is chosen.
+Before all that, :class:`FreeCores` says how many cores other processes leave free: the machine's busy time
+(``/proc/stat``) less this process's own CPU time (``os.times``), read at most every quarter second. Time booked
+as *nice* is left out while this process runs at normal or higher priority: the scheduler gives a niced process a
+few percent of a core against ours (weight 15 for nice 19, 110 for nice 10, against 1024; one niced by only 1-5
+would take a third of a core or more, a known limit of reading ``/proc/stat``). While others use cores this
+context's threads would need, a decode runs with as many threads as cores are free (at least one) and nothing is
+probed: a probe of two threads on a busy box costs up to ten decodes, and its timings say more about the load than
+about the thread count. The cap lifts at the next reading after they stop. The thread count does not change what
+a decode computes (each output is reduced by one thread), so outputs are the same whatever is chosen.
 
 Only where the user gave no thread count (``-t`` / ``-tb`` / ``-td`` are honoured) and the decode runs on the
 CPU (offloaded layers and RPC servers are timed by other clocks).

@@ -84,7 +84,4 @@ class TokenBatch:
     @staticmethod
     def takes(rows: Sequence) -> bool:
         """Whether these rows are plain token rows (no embedding row, no embedding input)."""
-        for r in rows:
-            if r.token is None or r.embd is not None:
-                return False
-        return True
+        return all(r.token is not None and r.embd is None for r in rows)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from pathlib import Path
-from typing import NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Sequence
 
 from llama_cpp import llama_cpp as native
 
@@ -64,22 +63,13 @@ class FimTokens(NamedTuple):
         return [name for name, t in (("prefix", self.pre), ("suffix", self.suf), ("middle", self.mid)) if t < 0]
 
 
-class ModelLike(Protocol):
-    """What a :class:`Vocab` needs of its :class:`~llamaspec._llama.model.Model`."""
-
-    path: Path
-    ptr: object
-
-    def live_ptr(self): ...
-
-
 class Vocab:
     """Tokenizer and token metadata of a :class:`Model` (usable while the model is open).
 
     Thread-safe for reading: every call uses its own output buffer.
     """
 
-    def __init__(self, model: ModelLike):
+    def __init__(self, model):  # a Model (not imported here: model imports this module)
         self._model_ref = weakref.ref(model)  # weak: Model.vocab -> Vocab is the strong edge
         self._model_name = model.path.name
         self._ptr = native.llama_model_get_vocab(model.live_ptr())
@@ -97,7 +87,7 @@ class Vocab:
         self._eog_all: tuple[int, ...] | None = None
 
     @property
-    def model(self) -> ModelLike:
+    def model(self):
         """The owning model; :class:`LlamaSpecError` when it was closed or dropped."""
         model = self._model_ref()
         if model is None or not model.ptr:
