@@ -348,7 +348,7 @@ def test_sampler_use_after_close_raises(llama):
         s = L.Sampler.from_params(llama.vocab, L.SamplingParams(temp=0))
         s.close()
         for call in (lambda: s.sample(ctx, 2), lambda: L.Candidates(llama.vocab.n_tokens).apply(s), lambda: s.accept(5),
-                     lambda: s.reset(), lambda: s.clone()):
+                     lambda: s.clone()):
             with pytest.raises(LlamaSpecError, match="sampler is closed"):
                 call()
         with L.Sampler.from_params(llama.vocab, L.SamplingParams(temp=0)) as live:

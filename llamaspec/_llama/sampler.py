@@ -148,9 +148,8 @@ class Sampler(_Owned):
 
     _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
-    def __init__(self, ptr, params: SamplingParams | None = None, *, model: Model | None = None):
+    def __init__(self, ptr, *, model: Model | None = None):
         self.ptr = ptr
-        self.params = params
         self._model = None
         if model is not None:
             model._acquire()  # when this raises, __del__ still frees ptr
@@ -161,10 +160,10 @@ class Sampler(_Owned):
         """The grammar of ``params`` alone (llama.cpp's ``common_sampler`` keeps it apart from the chain)."""
         model = vocab.model  # raises when the model is closed
         check_grammar(params)
-        return cls(_native_grammar(vocab, params), params, model=model)
+        return cls(_native_grammar(vocab, params), model=model)
 
     @classmethod
-    def from_params(cls, vocab: Vocab, params: SamplingParams, *, grammar: bool = True) -> "Sampler":  # noqa: C901
+    def from_params(cls, vocab: Vocab, params: SamplingParams, *, grammar: bool = True) -> "Sampler":
         """The chain of ``params``; ``grammar=False`` leaves the grammar out (see :meth:`grammar_only`)."""
         params.validate()
         use_grammar = bool(params.grammar) and grammar
@@ -185,7 +184,7 @@ class Sampler(_Owned):
         except BaseException:
             native.llama_sampler_free(chain)  # and the samplers added to it
             raise
-        return cls(chain, params, model=model)
+        return cls(chain, model=model)
 
     def live_ptr(self):
         """The native ``llama_sampler *``; :class:`LlamaSpecError` when the sampler is closed."""
@@ -226,12 +225,9 @@ class Sampler(_Owned):
         """For a grammar sampler: whether it allows ``token`` now (llama.cpp's single-token check)."""
         return bool(self.allowed(np.array([token]))[0])
 
-    def reset(self) -> None:
-        native.llama_sampler_reset(self.live_ptr())
-
     def clone(self) -> "Sampler":
         """Deep copy, including the random state of ``dist``."""
-        return Sampler(native.llama_sampler_clone(self.live_ptr()), self.params, model=self._model)
+        return Sampler(native.llama_sampler_clone(self.live_ptr()), model=self._model)
 
     def copy_from(self, other: "Sampler") -> None:
         """Copy ``other``'s state into this sampler (``llama_sampler_copy``), e.g. to restore a clone."""

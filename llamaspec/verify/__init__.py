@@ -5,7 +5,6 @@
   ``verify`` and ``replay``, bound to the request's target sampler and the round's output rows.
 """
 from .rules import VerifyResult, rejection_verify, replay, sample_and_match, sample_from_probs
-from .verifiers import MatchVerifier, RejectionVerifier, SynthVerifier, Verifier
 
 __all__ = [
     "VerifyResult",
@@ -13,8 +12,4 @@ __all__ = [
     "replay",
     "rejection_verify",
     "sample_from_probs",
-    "Verifier",
-    "MatchVerifier",
-    "RejectionVerifier",
-    "SynthVerifier",
 ]
