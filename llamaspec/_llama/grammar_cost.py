@@ -102,61 +102,58 @@ def _repeat(t: int, n: int, lo: int, hi: int) -> tuple[int, int]:
 
 def _values(rules: dict, groups: list) -> dict:
     """``{(kind, rule): (stacks, empty ways)}`` for every rule and group: the stacks its expansion opens, and the
-    ways it can match nothing (each opens what follows it too). Without recursion; left recursion counts 0."""
+    ways it can match nothing (each opens what follows it too). Without recursion (each rule's figures are a
+    generator that yields the rules it needs first and is sent their figures); left recursion counts 0."""
     table = {("r", k): v for k, v in rules.items()}
     table.update((("g", i), v) for i, v in enumerate(groups))
     memo: dict = {}
     active: set = set()
+
+    def value(key):
+        total = empty = 0
+        tails: set = set()  # the rules it calls last (a tail call opens the same stacks from every alternative)
+        for alt in table[key]:
+            if alt and alt[0] is _T1:  # the usual alternative: a terminal first, one stack
+                total = min(total + 1, CAP)
+                continue
+            t, mult = 0, 1  # its stacks, whether it may be empty so far
+            for i, (kind, v, lo, hi) in enumerate(alt):
+                if not mult:
+                    break
+                if kind == "t":
+                    te, ne = v, 1 - v
+                else:
+                    sub = (kind, v)
+                    got = memo.get(sub)
+                    if got is None:  # an undefined rule, left recursion (llama.cpp refuses both), or to compute
+                        got = (1, 0) if sub not in table else (0, 0) if sub in active else (yield sub)
+                    te, ne = got
+                    if i == len(alt) - 1 and lo == hi == 1:  # a tail call: once per rule
+                        te = 0 if sub in tails else te
+                        tails.add(sub)
+                if lo != 1 or hi != 1:
+                    te, ne = _repeat(te, ne, lo, hi)
+                t, mult = min(t + te, CAP), ne
+            total, empty = min(total + t, CAP), empty | mult
+        return total, empty
+
     for root in table:
         if root in memo:
             continue
-        # a frame: rule, alternative, element, its stacks, whether it may be empty so far, the rule's stacks, whether
-        # it may be empty, the rules it calls last (a tail call opens the same stacks from every alternative)
-        frames = [[root, 0, 0, 0, 1, 0, 0, set()]]
+        stack, sent = [(root, value(root))], None
         active.add(root)
-        while frames:
-            f = frames[-1]
-            key, ai, ei, t, mult, total, empty, tails = f
-            alts = table[key]
-            pushed = None
-            while ai < len(alts):
-                alt = alts[ai]
-                if alt and alt[0] is _T1:  # the usual alternative: a terminal first, one stack
-                    total, ai = min(total + 1, CAP), ai + 1
-                    continue
-                while ei < len(alt) and mult:
-                    kind, v, lo, hi = alt[ei]
-                    if kind == "t":
-                        te, ne = v, 1 - v
-                    else:
-                        got = memo.get((kind, v))
-                        if got is None:
-                            if (kind, v) not in table:
-                                got = (1, 0)  # an undefined rule: llama.cpp refuses the grammar
-                            elif (kind, v) in active:
-                                got = (0, 0)  # left recursion: llama.cpp refuses it
-                            else:
-                                pushed = (kind, v)
-                                break
-                        te, ne = got
-                        if ei == len(alt) - 1 and lo == hi == 1:  # a tail call: once per rule
-                            te = 0 if (kind, v) in tails else te
-                            tails.add((kind, v))
-                    if lo != 1 or hi != 1:
-                        te, ne = _repeat(te, ne, lo, hi)
-                    t, mult, ei = min(t + te, CAP), ne, ei + 1
-                if pushed:
-                    break
-                total, empty = min(total + t, CAP), empty | mult
-                ai, ei, t, mult = ai + 1, 0, 0, 1
-            if pushed:
-                f[1:7] = [ai, ei, t, mult, total, empty]
-                active.add(pushed)
-                frames.append([pushed, 0, 0, 0, 1, 0, 0, set()])
+        while stack:
+            key, gen = stack[-1]
+            try:
+                need = gen.send(sent)
+            except StopIteration as done:
+                memo[key] = sent = done.value
+                active.discard(key)
+                stack.pop()
                 continue
-            memo[key] = (total, empty)
-            active.discard(key)
-            frames.pop()
+            active.add(need)
+            stack.append((need, value(need)))
+            sent = None
     return memo
 
 
