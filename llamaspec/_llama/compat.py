@@ -15,6 +15,7 @@ from llama_cpp.llama_speculative import LlamaDraftModel
 
 from .context import GGML_TYPE_F16, GGML_TYPE_F32
 from .model import Model
+from .sampler import DEFAULT_SEED
 from .vocab import text_of
 
 __all__ = [
@@ -22,8 +23,6 @@ __all__ = [
     "formatter_chat_handler", "grammar_text", "guess_chat_format", "json_schema_grammar", "metadata",
     "special_tokens", "model_kind", "fim_tokens", "GGML_TYPE_F16", "GGML_TYPE_F32", "split_mode_name", "DEFAULT_SEED",
 ]
-
-DEFAULT_SEED = int(native.LLAMA_DEFAULT_SEED)
 
 
 def metadata(model: Model) -> dict[str, str]:
