@@ -70,14 +70,19 @@ def _parse_double(s: str) -> float | None:
     (2.5, 10.0, 8.0, None)
     >>> _parse_double("1.5 ") is None, _parse_double("1_0") is None, _parse_double("") is None
     (True, True, True)
+    >>> _parse_double("0x1p99999"), _parse_double("-0x1p99999"), _parse_double("1e99999")
+    (inf, -inf, inf)
     """
     if not _STRTOD.fullmatch(s):
         return None
     low = s.lstrip(" \t\n\v\f\r").lower()
     if "nan" in low:  # (any sign, any nan(chars))
         return math.nan
-    if "x" in low:  # hexadecimal: float.fromhex wants the binary exponent
-        return float.fromhex(low if "p" in low else low + "p0")
+    if "x" in low:  # hexadecimal: float.fromhex wants the binary exponent; past the range it is inf, as
+        try:  # float() gives for a decimal one (the range checks then refuse it)
+            return float.fromhex(low if "p" in low else low + "p0")
+        except OverflowError:
+            return -math.inf if low.startswith("-") else math.inf
     return float(low)
 
 

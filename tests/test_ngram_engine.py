@@ -91,6 +91,7 @@ def test_cli_ngram_flags(tiny_model):
         (["--spec-type", "draft-simple"], "needs a draft model"),
         (["--spec-synth-len", "2", "--spec-synth-rates", "0.5", "--spec-type", "ngram-mod"], "mutually exclusive"),
         (["--spec-synth-len", "abc", "--spec-type", "ngram-mod"], "spec-synth-len"),
+        (["--spec-synth-len", "0x1p99999", "--spec-type", "ngram-mod"], "inf is out of range"),
         (["-lcs", "/no/such/cache.bin", "--spec-type", "ngram-cache"], "not found"),
     ],
 )
