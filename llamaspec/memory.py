@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from . import _llama as llama
 from .errors import MemoryOpError
@@ -38,6 +38,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from .sampler import TargetSampler
 
 log = logging.getLogger("llamaspec")
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix.
+
+    >>> common_prefix([1, 2, 3, 4], [1, 2, 5])
+    2
+    """
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 @dataclass
@@ -154,6 +167,17 @@ class Rollback:
         if self.n_swa > 0 and memory.pos_min(seq_id) > max(0, n - self.n_swa):
             return False
         return memory.seq_rm(seq_id, n, -1)
+
+    def keep_common_prefix(self, seq_id: int, cached: list[int], tokens: Sequence[int], n_max: int) -> int:
+        """For a context beside the engine that keeps the known ``cached`` tokens of one sequence (compat's draft
+        model and scorer): keep their longest common prefix with ``tokens``, at most ``n_max`` tokens
+        (:meth:`keep_prefix`), else start over. ``cached`` is cut to what is kept; returns its length."""
+        n = min(common_prefix(cached, tokens), n_max)
+        if n < len(cached) and not self.keep_prefix(seq_id, n, len(cached)):
+            self.release(seq_id)
+            n = 0
+        del cached[n:]
+        return n
 
     def save_prompt(self, seq_id: int) -> bytes:
         """State for a :class:`PromptCheckpoint` (empty where a trim is enough: plain PART)."""

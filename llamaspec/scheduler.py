@@ -27,7 +27,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from .errors import LlamaSpecError
-from .memory import PromptCheckpoint
+from .memory import PromptCheckpoint, common_prefix
 from .request import Request, RequestState
 from .slot import FinishReason, GenerationStats, Slot, SlotState, progress_chunk
 from .text import TextStream
@@ -41,19 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("llamaspec")
 _FREE = (SlotState.IDLE, SlotState.DONE)  # ``free`` runs per slot every step: a global is cheaper
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix.
-
-    >>> common_prefix([1, 2, 3, 4], [1, 2, 5])
-    2
-    """
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Scheduler:

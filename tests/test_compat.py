@@ -226,12 +226,13 @@ def test_llama_cpp_with_draft_model_equals_plain(tiny, tiny_plain):
     dm.close()
 
 
-def test_draft_model_keeps_its_memory_in_step(tiny):
+@pytest.mark.parametrize("kind", ["llama-draft", "mamba-draft"])  # mamba: a memory that cannot trim starts over
+def test_draft_model_keeps_its_memory_in_step(tiny_model, kind):
     """Drafts from the incremental memory equal a fresh draft model's for the same history, whatever part of
     the previous draft the history accepted (and after a new, unrelated history)."""
     kw = dict(num_pred_tokens=5, adaptive=False, n_threads=1)
-    dm = DraftModel(tiny[1], **kw)
-    fresh = DraftModel(tiny[1], **kw)
+    dm = DraftModel(str(tiny_model(kind)), **kw)
+    fresh = DraftModel(str(tiny_model(kind)), **kw)
     rng = np.random.default_rng(0)
     hist = [int(t) for t in rng.integers(0, 64, 12)]
     for i in range(16):
@@ -243,6 +244,25 @@ def test_draft_model_keeps_its_memory_in_step(tiny):
     assert dm.stats["n_accepted"] > 0 and dm.stats["n_trimmed"] > 0
     dm.close()
     fresh.close()
+
+
+def test_draft_model_decodes_once_per_drafted_token(tiny, monkeypatch):
+    """A call costs one draft decode per drafted token: the last drafted token, accepted but never decoded, rides
+    with the target's next token in the first drafting step (draft-simple's catching up)."""
+    dm = DraftModel(tiny[1], num_pred_tokens=4, adaptive=False, n_threads=1)
+    calls = []
+    for name in ("decode", "decode_next"):
+        real = getattr(L.Context, name)
+        monkeypatch.setattr(L.Context, name, lambda self, *a, _real=real, **k:
+                            (self is dm._ctx and calls.append(1)) or _real(self, *a, **k))
+    hist = [1, 2, 3, 4, 5]
+    for i in range(3):
+        calls.clear()
+        d = dm(np.array(hist, dtype=np.intc)).tolist()
+        assert len(calls) == len(d) == 4, i
+        hist = hist + d + [7]  # all accepted, then the target's own token
+    assert dm.stats["n_accepted"] == 8 and dm.stats["n_trimmed"] == 0
+    dm.close()
 
 
 def test_draft_model_adapts_its_length(tiny):

@@ -28,7 +28,7 @@ MODULES = [
     "llamaspec.adaptive",
     "llamaspec.bench.modes",
     "llamaspec.cli.generate",
-    "llamaspec.scheduler",
+    "llamaspec.memory",
     "llamaspec.slot_file",
 ]
 

@@ -37,8 +37,8 @@ from .. import _llama as llama
 from .._llama import compat as lcp
 from ..fim_layout import fim_body
 from ..logprobs import ProbsSpec
+from ..memory import common_prefix
 from ..options import RequestOptions, SamplerHooks
-from ..scheduler import common_prefix
 from ..slot import FinishReason
 from .args import CompatError
 from .scoring import CompletionLogprobs

@@ -6,17 +6,20 @@ existing code speculates with one changed line::
 llama-cpp-python calls the hook with the whole token history (``input_ids``: the committed tokens, the last
 of them just sampled and not yet decoded) and verifies what it returns by sampling the target at every
 drafted position and keeping the run that matches. The hook is told nothing else, so the adapter infers what
-happened from the history alone:
+happened from the history alone, and drafts with the engine's own parts:
 
 * the longest common prefix of the new history and what the draft context holds is what survived: the
   drafted tokens the target accepted plus everything before them. The rest is trimmed from the draft's memory
-  (through :class:`~llamaspec.memory.SeqMemory`), never decoded again;
-* only the tokens after that prefix are decoded (the target's own next token, or a new prompt's tail);
-* then up to ``n`` tokens are drafted greedily, each decoded on the draft as it is proposed (the last one
-  is not: nothing reads its logits unless it is accepted);
+  (:class:`~llamaspec.memory.DraftRollback`, at the level probed at start-up: a memory that cannot keep a
+  prefix starts over), never decoded again;
+* the engine's draft-simple (:class:`~llamaspec.drafters.draft_model.DraftSimple`, keeping what it decodes:
+  ``reuse_kv``) decodes only the tokens after that prefix (the target's own next token, or a new prompt's
+  tail) and drafts up to ``n`` tokens greedily, each decoded on the draft as it is proposed (the last one is
+  not: nothing reads its logits unless it is accepted); ``p_min`` stops a draft before a token the draft
+  itself is unsure of;
 * ``n`` adapts to what was accepted (``adaptive``): all of the last draft accepted -> ``n + 2``, otherwise
-  ``n - 1``, between ``n_min`` and ``num_pred_tokens``; ``p_min`` stops a draft before a token the draft
-  itself is unsure of.
+  ``n - 1``, between ``n_min`` and ``num_pred_tokens`` (the engine's cost-based length,
+  :mod:`llamaspec.adaptive`, needs the round's measured costs, which the hook never sees).
 
 Limits (llama-cpp-python's loop, not the adapter's): one sequence, match verification only (the target's
 sampled token is compared with the draft's), and its ``Llama`` copies every row's logits into Python when a
@@ -33,10 +36,11 @@ import numpy as np
 
 from .. import _llama as llama
 from .._llama import compat as lcp
-from ..drafters.base import suppress_array
-from ..drafters.draft_model import top_candidate
-from ..errors import MemoryOpError
-from ..memory import SeqMemory
+from ..drafters.base import DraftParams
+from ..drafters.draft_model import DraftSimple
+from ..memory import DraftRollback, common_prefix
+from ..params import DraftModelParams
+from ..probe import can_seq_rm
 from .args import CompatError
 
 __all__ = ["DraftModel"]
@@ -75,9 +79,11 @@ class DraftModel(lcp.LlamaDraftModel):
         # swa_full: a sliding-window cache keeps every position, so that a trim restores an exact prefix
         self._ctx = llama.Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_seq_max=1,
                                   n_threads=n_threads, flash_attn=flash_attn, swa_full=True)
-        self._mem = SeqMemory(self._ctx)
+        self._mem = DraftRollback(self._ctx, can_seq_rm(self._ctx), reuse_kv=True)
+        #: the draft is its own target here (one vocabulary: llama-cpp-python verifies the draft's ids)
+        self._drafter = DraftSimple(1, DraftModelParams(n_max=num_pred_tokens, p_min=p_min, reuse_kv=True),
+                                    self._ctx, self._ctx)
         self._n_vocab = self.model.vocab.n_tokens
-        self._suppress = suppress_array(self.model.vocab.suppress_tokens)
         #: tokens in the draft's memory, in order (positions 0..len-1)
         self._kv: list[int] = []
         self._last_len = 0  # length of the history at the last call
@@ -90,28 +96,19 @@ class DraftModel(lcp.LlamaDraftModel):
         hist = [int(t) for t in np.asarray(input_ids).reshape(-1)]
         self.stats["n_calls"] += 1
         self._learn(hist)
-        if not hist or max(hist) >= self._n_vocab:
+        n = min(self.n, self._ctx.n_ctx - len(hist))
+        if not hist or max(hist) >= self._n_vocab or n < 1:
             return np.array([], dtype=np.intc)
-        room = self._ctx.n_ctx - len(hist)
-        n = min(self.n, room)
-        if n < 1:
-            return np.array([], dtype=np.intc)
-        logits = self._sync(hist)
-        draft: list[int] = []
-        pos = len(hist)
-        while True:
-            tok, p = top_candidate(logits, self.p_min > 0, self._suppress)
-            if self.p_min > 0 and p < self.p_min:
-                break
-            draft.append(tok)
-            if len(draft) >= n:
-                break
-            self._decode([tok], pos)
-            logits = self._ctx.logits(0)
-            pos += 1
-        self._last_len, self._last_draft = len(hist), draft
-        self.stats["n_drafted"] += len(draft)
-        return np.array(draft, dtype=np.intc)
+        n_kv = len(self._kv)  # keep what the target accepted (the module docstring)
+        self.stats["n_trimmed"] += n_kv - self._mem.keep_common_prefix(SEQ, self._kv, hist, len(hist) - 1)
+        dp = DraftParams(drafting=True, n_max=n, pos0=len(hist) - 1, id_last=hist[-1], prompt=hist[:-1])
+        self._drafter.draft([dp])
+        n_kv = self._mem.n_positions(SEQ)  # the history, then the drafted tokens decoded
+        self.stats["n_decoded"] += n_kv - len(self._kv)
+        self._kv = (hist + dp.result)[:n_kv]
+        self._last_len, self._last_draft = len(hist), dp.result
+        self.stats["n_drafted"] += len(dp.result)
+        return np.array(dp.result, dtype=np.intc)
 
     def _learn(self, hist: list[int]) -> None:
         """What the target accepted of the last draft, read off the new history; adapt the length."""
@@ -119,39 +116,10 @@ class DraftModel(lcp.LlamaDraftModel):
         self._last_draft = []
         if not d or len(hist) <= base or self._kv[:base] != hist[:base]:
             return
-        acc = 0
-        for a, b in zip(hist[base:-1], d):
-            if a != b:
-                break
-            acc += 1
+        acc = common_prefix(hist[base:-1], d)
         self.stats["n_accepted"] += acc
         if self.adaptive:
             self.n = min(self.num_pred_tokens, self.n + 2) if acc == len(d) else max(self.n_min, self.n - 1)
-
-    def _sync(self, hist: list[int]) -> np.ndarray:
-        """Make the draft's memory hold ``hist`` and return the logits after its last token."""
-        kv = self._kv
-        p = 0
-        for a, b in zip(kv, hist):
-            if a != b:
-                break
-            p += 1
-        p = min(p, len(hist) - 1)  # the last token is always decoded: its logits are the ones needed
-        if p < len(kv):
-            try:
-                self._mem.trim(SEQ, p)
-            except MemoryOpError:  # a memory that cannot drop a suffix (recurrent): start over
-                self._mem.trim(SEQ, 0)
-                p = 0
-            self.stats["n_trimmed"] += len(kv) - p
-            del kv[p:]
-        self._decode(hist[p:], p)
-        return self._ctx.logits((len(hist) - p - 1) % self._ctx.n_batch)
-
-    def _decode(self, tokens: list[int], pos0: int) -> None:
-        self._ctx.decode_tokens(tokens, pos0, SEQ)
-        self._kv.extend(tokens)
-        self.stats["n_decoded"] += len(tokens)
 
     # -- reporting and lifetime ---------------------------------------------------------------------
     @property
@@ -162,8 +130,9 @@ class DraftModel(lcp.LlamaDraftModel):
     def reset(self) -> None:
         """Forget the draft's memory (the next call decodes its whole history)."""
         if self._kv:
-            self._mem.trim(SEQ, 0)
+            self._mem.release(SEQ)
         self._kv.clear()
+        self._drafter.reset(SEQ)
         self._last_draft, self._last_len, self.n = [], 0, self.num_pred_tokens
 
     def close(self) -> None:

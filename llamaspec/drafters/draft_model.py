@@ -187,6 +187,7 @@ class ModelDrafter(Drafter):
 
 class DraftSimple(ModelDrafter):
     type = "draft-simple"
+    _out0, _t_lead = 0, 0.0
 
     def __init__(self, n_seq: int, params: DraftModelParams, ctx_tgt: llama.Context, ctx_dft: llama.Context):
         super().__init__(n_seq, params, ctx_tgt, ctx_dft)
@@ -336,17 +337,21 @@ class DraftSimple(ModelDrafter):
         return self._logged("mirroring a target batch into the draft context", lambda: self._decode_chunks(mirrored),
                             logging.ERROR)
 
-    def _decode_step(self, rows: list[llama.Row]) -> bool:
-        """One drafting decode of target-id ``rows``; with ``reuse_kv`` remember what now sits in the draft
-        context per seq (as target ids)."""
+    def _decode_step(self, rows: list[llama.Row], lead: Sequence[llama.Row] = ()) -> bool:
+        """One drafting decode of target-id ``rows``, after the committed ``lead`` rows that ride with the first
+        step (:meth:`_catch_up`; ``_out0``: the batch row of ``rows[0]``, ``_t_lead``: when that step ended); with
+        ``reuse_kv`` remember what drafting put in the draft context per seq (as target ids)."""
         try:
-            if self._to_dft is None:  # one output row per sequence, in the target's ids: straight to the batch
+            if self._to_dft is None and not lead:  # one output row per sequence, in the target's ids: to the batch
                 self.ctx_dft.decode_next([r.token for r in rows], [r.pos for r in rows], [r.seq_id for r in rows])
             else:
-                self.ctx_dft.decode(self._dft_rows(rows))
+                self.ctx_dft.decode(self._dft_rows([*lead, *rows]))
         except DecodeError as e:
             log.warning("draft-simple: draft decode failed: %s", e)
             return False
+        self._out0 = len(lead)
+        if lead:
+            self._t_lead = time.perf_counter()
         if self.reuse_kv:
             for r in rows:
                 dec = self._decoded[r.seq_id]
@@ -365,15 +370,18 @@ class DraftSimple(ModelDrafter):
                 out.extend(group)
         return out
 
-    def _catch_up(self, params: Sequence[DraftParams], active: list[int]) -> bool:
-        """Decode into the draft context the committed tokens it misses (rounds it did not draft), in one
-        batched pass before drafting."""
+    def _catch_up(self, params: Sequence[DraftParams], active: list[int]) -> "list[llama.Row] | None":
+        """The committed tokens the draft context misses (rounds it did not draft), in one batched pass before
+        drafting; the last of them, as many as fit beside the ``id_last`` rows, are returned to ride with the
+        first drafting step instead (None: a decode failed)."""
         rows = []
         for s in active:
             dp = params[s]
             p = self.mem.pos_max(s) + 1
             rows.extend(llama.Row(t, p + j, s, False) for j, t in enumerate(dp.prompt[p:dp.pos0]))
-        return self._logged("catching the draft context up", lambda: self._decode_chunks(self._dft_rows(rows)))
+        cut = max(0, len(rows) - (self.ctx_dft.n_batch - len(active)))
+        ok = self._logged("catching the draft context up", lambda: self._decode_chunks(self._dft_rows(rows[:cut])))
+        return rows[cut:] if ok else None
 
     def draft(self, params: Sequence[DraftParams]) -> None:
         ctx = self.ctx_dft
@@ -383,18 +391,23 @@ class DraftSimple(ModelDrafter):
             return
         for s in active:
             self._decoded[s] = None
-        if self.reuse_kv and not self._catch_up(params, active):
+        lead = self._catch_up(params, active) if self.reuse_kv else []
+        if lead is None:
             return
         t0 = time.perf_counter()
         self.last_step_ms = None
 
         def pick(k: int, s: int, dp: DraftParams) -> tuple[int, float]:
-            tok, p = self._pick(s, ctx.logits(k), dp)
+            tok, p = self._pick(s, ctx.logits(self._out0 + k), dp)
             return (int(self._to_tgt[tok]) if self._to_tgt is not None else tok), p
 
         first = [llama.Row(params[s].id_last, params[s].pos0, s, True) for s in active]
+        pending = [lead]  # the catching up goes with the first decode
         n_steps = self._draft_steps(params, active, first, pick,
-                                    lambda k, s, dp, i, tok: llama.Row(tok, dp.pos0 + i + 1, s, True), self._decode_step)
+                                    lambda k, s, dp, i, tok: llama.Row(tok, dp.pos0 + i + 1, s, True),
+                                    lambda rows: self._decode_step(rows, pending.pop() if pending else ()))
+        if lead and n_steps:  # a first step that carried the catching up is no drafting step: timed from after it
+            t0, n_steps = self._t_lead, n_steps - 1
         if n_steps:
             self.last_step_ms = (time.perf_counter() - t0) * 1e3 / n_steps
-            self._drop_short(params, active)
+        self._drop_short(params, active)
