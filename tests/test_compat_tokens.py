@@ -183,6 +183,25 @@ def test_scores_with_logits_all(tiny_model, kind):
     r.close()
 
 
+def test_scores_after_a_trim_on_a_sliding_window_model(tmp_path):
+    """The scoring context keeps a prefix only where its sliding window is whole (the engine's rule,
+    ``Rollback.keep_prefix``): after 300 tokens the window cache has given the first positions' cells to later
+    ones, so a history cut back to 10 tokens is decoded again (it read a half-empty window before)."""
+    path = str(write_model("gemma3", tmp_path / "gemma3-1k.gguf", n_ctx=1024))
+    rng = np.random.default_rng(0)
+    a, b = ([int(t) for t in rng.integers(0, 64, n)] for n in (300, 20))
+    kw = dict(KW, n_ctx=1024)
+    with Llama(path, logits_all=True, **kw) as llm:
+        llm.eval(a)
+        llm.n_tokens = 10
+        llm.eval(b)
+        got = llm._scores[10:].copy()
+    r = load_llama(path, logits_all=True, **kw)
+    r.eval(a[:10] + b)
+    np.testing.assert_allclose(got, r._scores[10:], atol=1e-3)
+    r.close()
+
+
 def test_suffix(tiny, monkeypatch):
     with Llama(tiny[0], **KW) as llm:
         plain = text(llm(P, max_tokens=6, temperature=0))

@@ -14,10 +14,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from .. import _llama as llama
-from ..errors import MemoryOpError
 from ..logprobs import TokenProb, legacy_logprobs, raw_entry
-from ..memory import SeqMemory
-from ..scheduler import common_prefix
+from ..memory import Rollback
+from ..probe import can_seq_rm
 
 __all__ = ["CompletionLogprobs", "N_BATCH", "Scorer"]
 
@@ -31,6 +30,7 @@ class Scorer:
     def __init__(self, llm: Any):
         self.llm = llm
         self.ctx: "llama.Context | None" = None
+        self.memory: "Rollback | None" = None
         self.tokens: list[int] = []  # what the context's memory holds, in order
 
     def _context(self) -> "llama.Context":
@@ -41,6 +41,7 @@ class Scorer:
             self.ctx = llama.Context(llm._model, n_ctx=llm.n_ctx(), n_batch=N_BATCH, n_ubatch=N_BATCH,
                                      n_seq_max=1, n_threads=llm.n_threads, n_threads_batch=llm.n_threads_batch,
                                      flash_attn=p.flash_attn, kv_f32=p.kv_f32)
+            self.memory = Rollback(self.ctx, can_seq_rm(self.ctx))
         return self.ctx
 
     def rows(self, tokens: Sequence[int], start: int = 0) -> Iterator[tuple[int, np.ndarray]]:
@@ -48,13 +49,7 @@ class Scorer:
         view valid until the next row is asked for (copy it to keep it)."""
         tokens = [int(t) for t in tokens]
         ctx = self._context()
-        keep = min(common_prefix(self.tokens, tokens), start)
-        try:
-            SeqMemory(ctx).trim(0, keep)
-        except MemoryOpError:  # a recurrent memory cannot drop a tail: start over
-            ctx.memory.clear()
-            keep = 0
-        self.tokens = self.tokens[:keep]
+        keep = self.memory.keep_common_prefix(0, self.tokens, tokens, start)
         for c0 in range(keep, len(tokens), N_BATCH):
             chunk = tokens[c0:c0 + N_BATCH]
             ctx.decode([llama.Row(t, c0 + j, 0, c0 + j >= start) for j, t in enumerate(chunk)])
@@ -64,7 +59,7 @@ class Scorer:
                 yield c0 + j, ctx.logits(j)  # llama.cpp maps the batch row to its output
 
     def close(self) -> None:
-        ctx, self.ctx = self.ctx, None
+        ctx, self.ctx, self.memory = self.ctx, None, None
         self.tokens = []
         if ctx is not None:
             ctx.close()
