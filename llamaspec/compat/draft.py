@@ -67,9 +67,9 @@ class DraftModel(lcp.LlamaDraftModel):
         if isinstance(model, llama.Model):
             self.model = model
         else:
-            from .drafter import _draft_path
+            from .drafter import draft_file
 
-            self.model = self._own_model = llama.Model(_draft_path(model), n_gpu_layers=n_gpu_layers)
+            self.model = self._own_model = llama.Model(draft_file(model), n_gpu_layers=n_gpu_layers)
         self.path = self.model.path
         self.num_pred_tokens, self.n_min, self.adaptive, self.p_min = num_pred_tokens, n_min, adaptive, p_min
         #: the current draft length

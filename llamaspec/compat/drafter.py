@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from ..drafters.base import DraftParams, Drafter
 from ..params import SpecParams
 from .args import CompatError
 
-__all__ = ["LlamaDraftModelDrafter", "resolve_draft"]
+__all__ = ["LlamaDraftModelDrafter", "draft_file", "model_file", "resolve_draft"]
 
 #: the longest draft asked of a ``LlamaDraftModel`` that does not say (``num_pred_tokens``)
 DEFAULT_N_MAX = 10
@@ -46,7 +46,8 @@ class LlamaDraftModelDrafter(Drafter):
             dp.result.extend(int(t) for t in out[:n])
 
 
-def _draft_path(value: "str | os.PathLike") -> Path:
+def model_file(value: "str | os.PathLike", refusal: "Callable[[Exception], str]") -> Path:
+    """An existing file, else a name from models.toml (fetched on first use), else ``CompatError(refusal(why))``."""
     p = Path(value).expanduser()
     if p.exists():
         return p
@@ -54,8 +55,13 @@ def _draft_path(value: "str | os.PathLike") -> Path:
 
     try:
         return Path(models.resolve_model(str(value)))
-    except Exception as e:  # noqa: BLE001
-        raise CompatError(f"draft_model {str(value)!r} is neither a file nor a model name in models.toml: {e}") from e
+    except Exception as e:  # noqa: BLE001 - not a registry name either
+        raise CompatError(refusal(e)) from None
+
+
+def draft_file(value: "str | os.PathLike") -> Path:
+    return model_file(value, lambda e: f"draft_model {str(value)!r} is neither a file nor a model name in "
+                                       f"models.toml: {e}")
 
 
 def resolve_draft(draft_model: Any, spec: "SpecParams | None", n_parallel: int
@@ -64,7 +70,7 @@ def resolve_draft(draft_model: Any, spec: "SpecParams | None", n_parallel: int
     if draft_model is None:
         return None, None, spec
     if isinstance(draft_model, (str, os.PathLike)):
-        return _draft_path(draft_model), None, spec
+        return draft_file(draft_model), None, spec
     path = getattr(draft_model, "path", None)
     if getattr(draft_model, "is_llamaspec_draft_model", False) and path is not None:
         return Path(path), None, spec

@@ -33,7 +33,6 @@ themselves), ``tfs_z`` (accepted and unused, as in llama-cpp-python 0.3.36).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Iterator, List, Optional, Sequence
 
 from .. import _llama as llama
@@ -42,23 +41,10 @@ from ..params import SpecParams
 from .args import CompatError, CompatWarning, check_extra_kwargs, check_request_args
 from .chat import ChatHandlers
 from .completion import check_logprobs, completion_chunks, sampling_params
-from .drafter import resolve_draft
+from .drafter import model_file, resolve_draft
 from .lowlevel import TokenAPI
 
 __all__ = ["Llama"]
-
-
-def _model_path(model_path: "str | os.PathLike") -> Path:
-    """An existing file, else a name from models.toml (fetched on first use), else llama-cpp-python's error."""
-    p = Path(model_path).expanduser()
-    if p.exists():
-        return p
-    from .. import models
-
-    try:
-        return Path(models.resolve_model(str(model_path)))
-    except Exception:  # noqa: BLE001 - not a registry name either
-        raise CompatError(f"Model path does not exist: {model_path}") from None
 
 
 class Llama(TokenAPI):
@@ -109,7 +95,7 @@ class Llama(TokenAPI):
         self._last_report: "dict | None" = None
         self._last_tokens: "tuple[list[int], list[int]] | None" = None
         self.draft_model = draft_model
-        path = _model_path(model_path)
+        path = model_file(model_path, lambda e: f"Model path does not exist: {model_path}")
         cpus = os.cpu_count() or 1
         ngl = -1 if n_gpu_layers == -1 else n_gpu_layers
         placement = dict(main_gpu=main_gpu or None, split_mode=lcp.split_mode_name(split_mode),
