@@ -38,7 +38,7 @@ from .._llama import compat as lcp
 from ..fim_layout import fim_body
 from ..logprobs import ProbsSpec
 from ..memory import common_prefix
-from ..options import RequestOptions, SamplerHooks
+from ..options import SamplerHooks
 from ..slot import FinishReason
 from .args import CompatError
 from .scoring import CompletionLogprobs
@@ -166,7 +166,7 @@ def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "i
                       suffix: "str | None" = None, logits_processor=None) -> Iterator[dict]:
     """The response of one completion: with ``stream`` each chunk, else the one ``text_completion``;
     ``logprobs`` (checked by :func:`check_logprobs`): llama-cpp-python's ``logprobs`` object with it."""
-    engine, vocab = llm._require_engine(), llm._vocab
+    vocab = llm._vocab
     llm._end_live()  # a suspended generate() gives the slot up
     tokens = prompt_tokens(llm, prompt, suffix)
     append = suffix if suffix is not None and fim_layout(llm) is None else None
@@ -195,10 +195,8 @@ def completion_chunks(llm: Any, prompt: "str | Sequence[int]", *, max_tokens: "i
             out[REPORT_KEY] = report
         return out
 
-    req = engine.submit(tokens, RequestOptions(n_predict=max_tokens, sampling=sampling, stop=tuple(stops),
-                                               cache_prompt=llm._take_cache_permission(),
-                                               probs=ProbsSpec(logprobs) if logprobs is not None else None,
-                                               hooks=sampler_hooks(logits_processor)))
+    req = llm._submit(tokens, max_tokens, sampling, logits_processor, stop=tuple(stops),
+                      probs=ProbsSpec(logprobs) if logprobs is not None else None)
     completion: list[int] = []
     n_final = 0  # characters of text the listed tokens made final (the engine's stop strings applied)
     vetoed = False

@@ -162,12 +162,13 @@ class TokenAPI:
         if live is not None and not live.done:
             live.cancel()
 
-    def _submit(self, tokens: list[int], n_predict: int, sampling=None, logits_processor=None):
+    def _submit(self, tokens: list[int], n_predict: int, sampling=None, logits_processor=None, **options: Any):
+        """One request on the slot (a suspended :meth:`generate` gives it up); ``options``: RequestOptions fields."""
         engine = self._require_engine()
         self._end_live()
         return engine.submit(tokens, RequestOptions(n_predict=n_predict, sampling=sampling,
                                                     cache_prompt=self._take_cache_permission(),
-                                                    hooks=sampler_hooks(logits_processor)))
+                                                    hooks=sampler_hooks(logits_processor), **options))
 
     @staticmethod
     def _check(req) -> None:
