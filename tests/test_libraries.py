@@ -117,8 +117,11 @@ def same_as_plain(server, key: str, value):
 
 # -- instructor -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["JSON_SCHEMA", "JSON", "TOOLS"])
-def test_instructor(server, mode):
+def test_instructor(server, mode, request):
     instructor = pytest.importorskip("instructor")
+    if mode == "TOOLS":  # tool_choice {"type": "function", "function": {"name": "User"}}
+        reference_fails(request, server, "ignores an object tool_choice (\"Wrong type supplied for parameter "
+                        "'tool_choice'\"): SmolLM2 answers in text, no tool call")
     from openai import OpenAI
 
     client = instructor.from_openai(OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0),
@@ -152,7 +155,9 @@ def _agent(server, **kw):
     return Agent(model, model_settings=dict(SETTINGS), **kw)
 
 
-def test_pydantic_ai_output_type(server):
+def test_pydantic_ai_output_type(server, request):
+    reference_fails(request, server, "does not force tool_choice \"required\" on SmolLM2's template (no tool-call "
+                    "syntax in it): the model answers in text, no tool call")
     agent = _agent(server, output_type=User, retries=0)  # a forced tool call: {"name", "arguments"} written out
     out = agent.run_sync(ASK, model_settings={**SETTINGS, "max_tokens": 128}).output
     assert isinstance(out, User)
