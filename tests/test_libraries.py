@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import socket
 import sys
-import time
 from pathlib import Path
 from typing import Literal
 
@@ -36,45 +34,7 @@ class User(BaseModel):
 
 
 ASK = "Extract the user: Alice is 31 years old."
-
-
 NATIVE = Path(__file__).resolve().parents[1] / "native" / "bin" / "llama-server"
-
-
-class NativeServer:
-    """The pinned llama-server (``--jinja``) on a free port; ``url`` once /health answers 200."""
-
-    native = True
-
-    def __init__(self, args: list[str], log: Path):
-        import httpx
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self._fh = open(log, "wb")
-        self.proc = subprocess.Popen([str(NATIVE), *args, "--jinja", "-np", "1", "--host", "127.0.0.1",
-                                      "--port", str(port)], stdout=self._fh, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while self.proc.poll() is None and time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"llama-server not ready (exit {self.proc.returncode}):\n{log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._fh.close()
 
 
 @pytest.fixture(scope="module", params=["plain", "draft", "native"])
@@ -90,11 +50,11 @@ def server(request, tmp_path_factory):
     if request.param == "native":
         if not NATIVE.exists():
             pytest.skip(f"the reference llama-server is not built ({NATIVE}; scripts/build_llama_cpp.sh)")
-        s = NativeServer(args, d / "native.log")
+        s = Server([*args, "--jinja", "-np", "1"], d / "native.log", exe=[str(NATIVE)])
     else:
         draft = ["-md", path, "--spec-draft-n-max", "4"] if request.param == "draft" else ["--spec-type", "none"]
         s = Server([*args, *draft], d / "serve.log")
-        s.native = False
+    s.native = request.param == "native"
     yield s
     s.stop()
 
