@@ -336,6 +336,66 @@ def test_end_of_generation_token_listed(http_eog, plain):
     assert all(ch["delta"].get("content") for ev in events[1:-1] for ch in ev["choices"])
 
 
+def test_stream_events_one_per_token_as_llama_server(http_eog, plain):
+    """The completion routes stream one event per sampled token, drafted or not, as the pinned llama-server
+    does (observed on SmolLM2-135M Q4_1, ``native/bin/llama-server --jinja -t 1`` beside ``llamaspec serve``,
+    temperature 0, every event of both streams diffed, ending by EOS, by n_predict and by a stop word):
+
+    - ``/completion``: every event's ``tokens`` is ``[id]`` of its one token, with or without
+      ``return_tokens``; ``tokens_predicted`` counts up by one. The end-of-generation token has its own event
+      (``content`` "", ``tokens`` ``[2]``, no ``timings``), the last before the final object (``stop: true``,
+      ``tokens: []``, ``content`` "").
+    - A stop word: its token's event has ``content`` "" and ``timings`` (llama-server knows the stop before it
+      sends the event; at EOS and n_predict the events have none). A token that may begin the stop string
+      has ``content`` "", the next event carries the text it held back.
+    - ``/v1/completions``: the same events (``text`` "", ``logprobs`` null for the end-of-generation token and
+      the stop word, ``timings`` on the stop word's), then the finish chunk with ``usage`` and ``timings``.
+    - ``tokens_cached`` (the final object) counts the tokens decoded into the cache: the prompt and the output
+      but the last token sampled (the EOG token, the stop word, the one n_predict ended on): 33 + 37 - 1 = 69
+      at EOS, 33 + 6 - 1 = 38 at n_predict 6, 33 + 20 - 1 = 52 at the stop word.
+    - ``/v1/chat/completions`` with ``stream_options.include_usage``: ``timings`` on the usage chunk only, none
+      on the finish chunk (without it: on the finish chunk); no chunk for the end-of-generation token.
+    """
+    out = plain("llama").tokens[: plain("llama").tokens.index(EOG)]
+    base = {"prompt": PROMPT, "temperature": 0, "n_predict": N, "stream": True}
+    for extra in ({}, {"return_tokens": True}):
+        with http_eog.stream("POST", "/completion", json={**base, **extra}) as s:
+            events = _sse(s)
+        *parts, final = events
+        assert [ev["tokens"] for ev in parts] == [[t] for t in out + [EOG]]
+        assert [ev["tokens_predicted"] for ev in parts] == list(range(1, len(out) + 2))
+        assert parts[-1]["content"] == "" and not any("timings" in ev for ev in parts)
+        assert final["stop"] and final["tokens"] == [] and final["stop_type"] == "eos"
+        assert final["tokens_cached"] == len(PROMPT) + len(out)
+    with http_eog.stream("POST", "/v1/completions", json={**base, "max_tokens": N}) as s:
+        *parts, finish = _sse(s)
+    assert len(parts) == len(out) + 1 and parts[-1]["choices"][0]["text"] == ""
+    assert parts[-1]["choices"][0]["logprobs"] is None and finish["choices"][0]["finish_reason"] == "stop"
+
+    # a stop word: out's text is "120278" + "1f" ...; "1" may begin the stop string: held by the first event
+    stop = {**base, "stop": ["1f"]}
+    with http_eog.stream("POST", "/completion", json=stop) as s:
+        *parts, final = _sse(s)
+    assert [ev["tokens"] for ev in parts] == [[t] for t in out[:5]]
+    assert [ev["content"] for ev in parts] == ["", "120", "27", "8", ""]
+    assert ["timings" in ev for ev in parts] == [False] * 4 + [True]
+    assert (final["stop_type"], final["stopping_word"], final["tokens_cached"]) == ("word", "1f", len(PROMPT) + 4)
+    with http_eog.stream("POST", "/v1/completions", json={**stop, "max_tokens": N}) as s:
+        *parts, finish = _sse(s)
+    assert [ev["choices"][0]["text"] for ev in parts] == ["", "120", "27", "8", ""] and "timings" in parts[-1]
+    r = http_eog.post("/completion", json={**base, "stream": False, "n_predict": 3}).json()
+    assert (r["stop_type"], r["tokens_cached"]) == ("limit", len(PROMPT) + 2)
+
+    chat = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": N, "stream": True}
+    for usage in (False, True):
+        with http_eog.stream("POST", "/v1/chat/completions",
+                             json={**chat, "stream_options": {"include_usage": usage}}) as s:
+            events = _sse(s)
+        finish = events[-2] if usage else events[-1]
+        assert finish["choices"][0]["finish_reason"] == "stop" and ("timings" in finish) is not usage
+        assert "timings" in events[-1] and all("timings" not in ev for ev in events[:-2])
+
+
 @pytest.mark.parametrize("path,body,field", [
     ("/completion", {"n_probs": -1}, "n_probs"),
     ("/completion", {"n_probs": 101}, "n_probs"),

@@ -39,13 +39,14 @@ def _free_port() -> int:
 
 
 class Server:
-    """A ``llamaspec serve`` process; ``url`` once /health answers 200."""
+    """A ``llamaspec serve`` process (or ``exe``'s: the reference llama-server); ``url`` once /health answers 200."""
 
-    def __init__(self, args: list[str], log: Path):
+    def __init__(self, args: list[str], log: Path, exe: list[str] | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        cmd = [sys.executable, "-m", "llamaspec.cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
+        cmd = [*(exe or [sys.executable, "-m", "llamaspec.cli.main", "serve"]), "--host", "127.0.0.1",
+               "--port", str(self.port), *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._fh = open(log, "wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._fh, stderr=subprocess.STDOUT, env=env)

@@ -26,13 +26,25 @@ def _slot_id(req: "Request") -> int:
     return req.slot.id if req.slot is not None else -1
 
 
-def _events(pr: ProbsRender | None, i: int, ch):
-    """``(text, entries, tokens)`` per stream event of one chunk: the chunk itself without probabilities,
-    one per token that made text final with them (:meth:`ProbsRender.events`)."""
-    if pr is None:  # the end-of-generation token goes with the tokens (llama-server lists it in ``tokens``)
-        tokens = ch.tokens if ch.eog is None else ch.tokens + [ch.eog]
-        return [(ch.text, None, tokens)] if ch.text or tokens else []
-    return pr.events(i, ch)
+def _events(pr: ProbsRender | None, ch) -> list[tuple[str, list | None, list[int]]]:
+    """``(text, entries, tokens)`` per stream event of one chunk, one per sampled token as llama-server sends
+    them: the text the token made final ("" while it may begin a stop string, and for the stop word), then the
+    end-of-generation token's; what the end released goes with the last. ``entries``: the token's
+    probabilities (None: none asked). A chunk without tokens (a failed request) is one event."""
+    if ch.texts is None or not (ch.tokens or ch.eog is not None):
+        return [(ch.text, None, list(ch.tokens))] if ch.text or ch.tokens else []
+    tokens, texts = list(ch.tokens), list(ch.texts)
+    if ch.eog is not None:
+        tokens.append(ch.eog)
+        texts.append("")
+    texts[-1] += ch.text[sum(map(len, ch.texts)):]
+    probs = ch.probs if pr is not None else None
+    return [(t, None if probs is None else probs[k:k + 1], [tok]) for k, (tok, t) in enumerate(zip(tokens, texts))]
+
+
+def _stop_word_event(req, ch, n: int, k: int) -> bool:
+    """Event ``k`` of ``n`` is the stop word's: llama-server has the stop before it sends it (``timings``)."""
+    return ch.finished and req.stop_type == "word" and k == n - 1
 
 
 class Output:
@@ -114,13 +126,12 @@ class CompletionRenderer(_OpenAIBase):
             yield {"choices": [{"text": "", "index": i, "logprobs": None, "finish_reason": None}],
                    **self.head("text_completion"), **self.progress(ch)}
             return
-        for text, entries, _ in _events(self.probs, i, ch):
-            if not text and not entries:
-                continue
+        events = _events(self.probs, ch)
+        for k, (text, entries, _) in enumerate(events):
             lp = self.probs.completion_logprobs(entries, i) if entries is not None else None
             d = {"choices": [{"text": text, "index": i, "logprobs": lp, "finish_reason": None}],
                  **self.head("text_completion")}
-            if self.gen.timings_per_token:
+            if self.gen.timings_per_token or _stop_word_event(req, ch, len(events), k):
                 d["timings"] = self.timings(req.stats)
             yield d
 
@@ -176,7 +187,7 @@ class ChatRenderer(_OpenAIBase):
             yield {**self._delta(i, {"role": "assistant", "content": None}), **self.progress(ch)}
             return
         yield from self._role(i)
-        for text, entries, tokens in _events(self.probs, i, ch):
+        for text, entries, tokens in self.probs.events(i, ch) if self.probs is not None else _events(None, ch):
             if not text and (not entries or tokens == [ch.eog]):
                 continue  # llama-server: no chat chunk for the end-of-generation token (it adds no content)
             # the plain text goes as it is (logprobs of a token without text too); through the tool-call parser or
@@ -196,8 +207,10 @@ class ChatRenderer(_OpenAIBase):
         for delta in self._deltas(i, self._output(i).finish()):
             yield self._delta(i, delta)
         reason = "tool_calls" if self._n_calls.get(i) else formats.finish_reason(req.finish_reason)
-        yield self.with_verbose({"choices": [{"finish_reason": reason, "index": i, "delta": {}}],
-                                 **self.head("chat.completion.chunk"), "timings": self.timings(req.stats)}, req)
+        d = {"choices": [{"finish_reason": reason, "index": i, "delta": {}}], **self.head("chat.completion.chunk")}
+        if not self.gen.include_usage:  # llama-server: the timings go on the last chunk, the usage one if any
+            d["timings"] = self.timings(req.stats)
+        yield self.with_verbose(d, req)
 
     def _choice(self, i: int, r) -> dict:
         content, calls = Output(self.tools, self.fmt).whole(r.text)
@@ -211,21 +224,24 @@ class ChatRenderer(_OpenAIBase):
 class NativeRenderer(Renderer):
     """llama.cpp's ``/completion``: ``content`` chunks, a final object with ``stop: true``, no ``[DONE]``."""
 
+    def __init__(self, served):
+        super().__init__(served)
+        self._n_sent: dict[int, int] = {}  # per choice, the tokens its events have listed
+
     def stream_chunk(self, i, req, ch):
         if getattr(ch, "progress", None) is not None:
             yield {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": _slot_id(req),
                    "tokens_predicted": 0, "tokens_evaluated": len(req.prompt_tokens),
                    **self.progress(ch)}
             return
-        for text, entries, tokens in _events(self.probs, i, ch):
-            if not text and not entries and not (self.gen.return_tokens and tokens):
-                continue
-            d = {"index": i, "content": text, "tokens": list(tokens) if self.gen.return_tokens else [],
-                 "stop": False, "id_slot": _slot_id(req), "tokens_predicted": len(req.tokens) + (ch.eog in tokens),
-                 "tokens_evaluated": len(req.prompt_tokens)}
+        events = _events(self.probs, ch)
+        for k, (text, entries, tokens) in enumerate(events):
+            n = self._n_sent[i] = self._n_sent.get(i, 0) + len(tokens)
+            d = {"index": i, "content": text, "tokens": tokens, "stop": False, "id_slot": _slot_id(req),
+                 "tokens_predicted": n, "tokens_evaluated": len(req.prompt_tokens)}
             if entries:
                 d["completion_probabilities"] = self.probs.content(entries)
-            if self.gen.timings_per_token:
+            if self.gen.timings_per_token or _stop_word_event(req, ch, len(events), k):
                 d["timings"] = self.timings(req.stats)
             yield d
 
@@ -239,7 +255,9 @@ class NativeRenderer(Renderer):
             "generation_settings": settings if settings is not None else {},
             "prompt": self.served.vocab.detokenize(req.prompt_tokens, unparse_special=True) if settings is not None else "",
             "has_new_line": "\n" in req.text, "truncated": req.truncated,
-            "stop_type": req.stop_type or "none", "stopping_word": req.stopping_word, "tokens_cached": len(req.prompt_tokens) + len(req.tokens),
+            "stop_type": req.stop_type or "none", "stopping_word": req.stopping_word,
+            # llama-server: the tokens in the cache, all but the last one sampled (never decoded)
+            "tokens_cached": len(req.prompt_tokens) + max(0, formats.n_predicted(st) - 1),
             "timings": self.timings(st),
         }
         if self.probs is not None and not stream:
