@@ -232,10 +232,16 @@ def test_langchain_llamacpp(model_path, monkeypatch):
 
     import llamaspec
 
+    class WithDraft(llamaspec.Llama):
+        """The drop-in with a draft model (SmolLM2 drafting for itself) under the kwargs LangChain passes."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, draft_model=model_path, **kwargs)
+
     results, orig = {}, llama_cpp.Llama
-    for name in ("llama_cpp", "llamaspec"):
-        if name == "llamaspec":  # LangChain builds llama_cpp.Llama itself: the drop-in takes its place
-            monkeypatch.setattr(llama_cpp, "Llama", llamaspec.Llama)
+    for name in ("llama_cpp", "llamaspec", "llamaspec+draft"):
+        if name != "llama_cpp":  # LangChain builds llama_cpp.Llama itself: the drop-in takes its place
+            monkeypatch.setattr(llama_cpp, "Llama", WithDraft if name.endswith("draft") else llamaspec.Llama)
         llm = community.LlamaCpp(model_path=model_path, temperature=0, max_tokens=16, n_ctx=1024, n_threads=1,
                                  verbose=False)
         text = llm.invoke("The capital of France is")
@@ -245,7 +251,8 @@ def test_langchain_llamacpp(model_path, monkeypatch):
         reply = chat.invoke("Say hello.").content
         user = chat.with_structured_output(User).invoke(ASK)
         results[name] = (text, streamed, reply, user)
-        assert isinstance(llm.client, llamaspec.Llama if name == "llamaspec" else orig)
+        assert isinstance(llm.client, orig if name == "llama_cpp" else llamaspec.Llama)
+        assert (llm.client.draft_model is not None) == name.endswith("draft")
     assert results["llamaspec"][0] == results["llamaspec"][1]
-    assert results["llamaspec"] == results["llama_cpp"]
+    assert results["llamaspec"] == results["llama_cpp"] == results["llamaspec+draft"]
 
