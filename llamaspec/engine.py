@@ -69,8 +69,7 @@ class Engine:
     :class:`~llamaspec.scheduler.Scheduler` (which request runs where) and the :class:`~llamaspec.round.Round`
     (one speculative round), and drives them: it is the :class:`~llamaspec.request.Driver` of its requests.
 
-    >>> # doctest: +SKIP
-    >>> with Engine("target.gguf", draft="draft.gguf") as eng:
+    >>> with Engine("target.gguf", draft="draft.gguf") as eng:  # doctest: +SKIP
     ...     print(eng.generate("def fibonacci(n):", n_predict=32).text)
     """
 

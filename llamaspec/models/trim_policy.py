@@ -148,7 +148,7 @@ def tokenize_corpus(path: Path) -> np.ndarray:
 
 
 def _line_pieces(text: str, size: int):
-    """``text`` in consecutive pieces of about ``size`` characters, each ending after a line break (or at
+    r"""``text` in consecutive pieces of about ``size`` characters, each ending after a line break (or at
     the end).
 
     >>> list(_line_pieces("ab\ncd\nef", 1)), "".join(_line_pieces("x" * 10, 3))
