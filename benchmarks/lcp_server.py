@@ -186,7 +186,9 @@ def main(argv=None) -> int:
         for _, s in servers.values():
             s.stop()
     report = {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-              "command": "python -m benchmarks.lcp_server " + " ".join(argv if argv is not None else sys.argv[1:]),
+              # this machine's interpreter and script paths stay out of a report that gets committed
+              "command": "python -m benchmarks.lcp_server " + " ".join(argv if argv is not None else sys.argv[1:])
+              .replace(args.lcp_python, "VENV/bin/python").replace(args.lcp_server, "server.py"),
               "duration_s": round(time.time() - t0, 1), "machine": machine_info(), "load": load.summary(),
               "settings": {"target": args.model, "draft": args.model_draft, "n_parallel": args.parallel,
                            "n_ctx": args.ctx_size, "n_predict": args.n_predict, "n_prompts": len(tokens),
