@@ -26,6 +26,7 @@ a decode computes (each output is reduced by one thread), so outputs are the sam
 Only where the user gave no thread count (``-t`` / ``-tb`` / ``-td`` are honoured) and the decode runs on the
 CPU (offloaded layers and RPC servers are timed by other clocks).
 
+>>> saved = dict(_LAST_CHOICE); _LAST_CHOICE.clear()   # as in a fresh process: no other tuner's choice to start from
 >>> applied = []
 >>> t = ThreadTuner([2, 1], applied.append, probe_every=4, probe_len=2)
 >>> for _ in range(12):                       # two threads take 20 ms a decode, one takes 8 ms
@@ -36,6 +37,7 @@ CPU (offloaded layers and RPC servers are timed by other clocks).
 >>> t = ThreadTuner([2, 1], applied.append, free_cores=lambda: free[0])
 >>> [t.before(1) for _ in range(3)]
 [1, 1, 1]
+>>> _LAST_CHOICE.clear(); _LAST_CHOICE.update(saved)
 """
 from __future__ import annotations
 
