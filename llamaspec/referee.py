@@ -22,8 +22,16 @@ measured close together so that both saw the same machine.
   the engine decodes plainly; after ``retry`` plain rounds it speculates for ``probe_len_spec`` rounds to
   measure again (its window emptied first, so it is judged on what it delivers now; the policies below keep
   what they learned about acceptance meanwhile), and goes back to
-  speculating when that pays. A failed retry doubles the wait up to ``retry_max`` (16 by default: when a load
-  stops, speculation is back within 16 + ``probe_len_spec`` rounds).
+  speculating when that pays. A retry that is clearly losing after ``abort_after`` rounds (below ``abort_below``
+  of plain's rate) ends there. A failed retry doubles the wait up to ``retry_max`` (16 by default: when a load
+  stops, speculation is back within 16 + ``probe_len_spec`` rounds) -- unless what it lost was large: the wait
+  is then at least the loss over ``budget`` plain rounds' time (up to ``retry_cap`` rounds), so that looking
+  again costs at most about ``budget`` of the time spent plain. The loss is the speculative rounds' time less
+  the time plain decoding needed for their tokens, unclipped: with 8 fresh requests the first speculative
+  rounds also catch the draft model up on 8 prompts, which under load cost 5 s where a plain round took 0.15.
+* **Neighbours.** A batch size seen for the first time while a smaller one has fallen back starts plainly,
+  with that size's wait (speculation that loses with 4 slots does not pay with 8 either: a batch's verify cost
+  grows with its rows while a round's gain does not).
 
 * **Arms of speculation.** Where the chain can speculate in more than one way (``auto`` with a draft model:
   ``all``, n-gram copies then the draft model, or ``model``, the draft model alone), each way is an arm with its
@@ -48,6 +56,7 @@ False
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -75,6 +84,13 @@ class RefereeParams:
     retry_max: int = 16
     #: speculative rounds per retry
     probe_len_spec: int = 6
+    #: a retry below ``abort_below`` of plain's rate after ``abort_after`` rounds ends there
+    abort_after: int = 3
+    abort_below: float = 0.85
+    #: after a fall-back or failed retry: wait at least its loss over ``budget`` plain rounds' time, at most
+    #: ``retry_cap`` rounds
+    budget: float = 0.1
+    retry_cap: int = 256
     #: speculation must deliver at least ``1 - margin`` of plain's rate to stay on
     margin: float = 0.03
     #: the ratio above which the probe interval doubles
@@ -141,7 +157,7 @@ class _Bucket:
     """One batch size's windows and its own speculate-or-not state: what pays alone may lose with 8 slots, and
     a server's batch size comes and goes, so each size keeps what it decided until it comes back."""
 
-    __slots__ = ("arms", "plain", "state", "left", "probe_every", "retry", "first")
+    __slots__ = ("arms", "plain", "state", "left", "probe_every", "retry", "first", "wait")
 
     def __init__(self, p: RefereeParams, arms: "tuple[str, ...]"):
         self.arms = {a: WindowRate(p.window) for a in arms}
@@ -149,6 +165,8 @@ class _Bucket:
         #: a size never measured plainly gets its reference after ``probe_first`` speculative rounds
         self.state, self.left = Referee.SPEC, p.probe_first
         self.probe_every, self.retry, self.first = p.probe_every, p.retry, True
+        #: while fallen back: the rounds the last loss asked to wait (0: speculating)
+        self.wait = 0
 
 
 class Referee:
@@ -196,6 +214,11 @@ class Referee:
         bk = self._buckets.get(b)
         if bk is None:
             bk = self._buckets[b] = _Bucket(self.p, self.arms)
+            fell = [o for k, o in self._buckets.items() if k < b and o.state in (self.PLAIN, self.PROBE_SPEC)]
+            if fell:  # a smaller batch size fell back: start plainly, and wait as long as it does
+                o = fell[-1]
+                bk.state, bk.first, bk.retry, bk.wait = self.PLAIN, False, o.retry, o.wait
+                bk.left = max(o.retry, o.wait)
         return bk
 
     # -- the decision ------------------------------------------------------------------------------
@@ -250,6 +273,10 @@ class Referee:
             self._arm_left -= 1
         bk.left -= 1
         if bk.left > 0:
+            if bk.state == self.PROBE_SPEC and self.p.probe_len_spec - bk.left >= self.p.abort_after:
+                r = self._ratio(bk)
+                if r is not None and r < self.p.abort_below:  # clearly losing: no need to see it out
+                    self._judge(bk, from_spec=False)
             return
         if bk.state == self.PROBE_PLAIN:
             self.n_probes += 1
@@ -262,7 +289,8 @@ class Referee:
         p = self.p
         if from_spec:  # a plain probe ended: stay speculating unless it loses
             if r is not None and r < 1.0 - p.margin:
-                bk.state, bk.left = self.PLAIN, bk.retry
+                bk.wait = self._wait(bk)
+                bk.state, bk.left = self.PLAIN, max(bk.retry, bk.wait)
                 self.n_fallbacks += 1
                 return
             bk.state = self.SPEC
@@ -273,11 +301,25 @@ class Referee:
         # a speculative retry ended: back to speculating when it pays
         if r is None or r >= 1.0:
             bk.state, bk.left = self.SPEC, p.probe_every
-            bk.probe_every, bk.retry = p.probe_every, p.retry
+            bk.probe_every, bk.retry, bk.wait = p.probe_every, p.retry, 0
             self.n_returns += 1
         else:
             bk.retry = min(2 * bk.retry, p.retry_max)
-            bk.state, bk.left = self.PLAIN, bk.retry
+            bk.wait = self._wait(bk)
+            bk.state, bk.left = self.PLAIN, max(bk.retry, bk.wait)
+
+    def _wait(self, bk: _Bucket) -> int:
+        """The plain rounds to wait after speculation lost at ``bk``: its loss (speculative time less the time
+        plain decoding needed for the same tokens) over ``budget`` x a plain round's median time."""
+        spec, plain = bk.arms[self.best_arm].rounds, bk.plain
+        rate = plain.rate()
+        if not spec or not rate:
+            return 0
+        loss = sum(t for _, t in spec) - sum(n for n, _ in spec) / rate
+        per_round = statistics.median(t for _, t in plain.rounds)
+        if loss <= 0 or per_round <= 0:
+            return 0
+        return min(self.p.retry_cap, math.ceil(loss / (self.p.budget * per_round)))
 
     def _judge_arm(self, bk: _Bucket) -> None:
         """A probe of another arm ended: it takes over when it delivered clearly more than the arm in charge."""
@@ -324,7 +366,7 @@ class Referee:
             s, p = spec.rate(), bk.plain.rate()
             per[str(b)] = {"spec_tps": None if s is None else round(s, 2),
                            "plain_tps": None if p is None else round(p, 2),
-                           "n_spec": len(spec), "n_plain": len(bk.plain), "state": bk.state,
+                           "n_spec": len(spec), "n_plain": len(bk.plain), "state": bk.state, "wait": bk.wait,
                            "spread": None if bk.plain.spread() is None else round(bk.plain.spread(), 3)}
             if len(self.arms) > 1:
                 per[str(b)]["arms_tps"] = {a: None if w.rate() is None else round(w.rate(), 2)

@@ -3,6 +3,7 @@ rounds measured beside it; falls back when it loses, looks again, and comes back
 rounds when the load goes away."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -195,3 +196,50 @@ def test_peek_follows_the_batch_size_decision_without_counting():
     before = ref.info()
     assert [ref.peek(8) for _ in range(50)] == [False] * 50
     assert ref.info() == before
+
+
+def test_a_clearly_losing_retry_ends_after_its_first_rounds():
+    """A retry that delivers half of plain's rate ends after ``abort_after`` rounds, not ``probe_len_spec``."""
+    ref = Referee(RefereeParams(budget=1e9))   # (no loss-based wait: the retries come at the doubling interval)
+    chose = drive(ref, 200, spec_tokens=1, spec_s=0.02, plain_s=0.01)   # 50 tok/s against 100
+    runs, k = [], 0
+    for c in chose[8:] + [False]:  # the speculative runs after the first fall-back
+        if c:
+            k += 1
+        elif k:
+            runs.append(k)
+            k = 0
+    assert runs and max(runs) == ref.p.abort_after
+
+
+def test_a_large_loss_waits_in_proportion():
+    """The first speculative rounds of 8 fresh requests also catch the draft model up (5 s under load where a
+    plain round takes 0.15 s): the next look comes after the loss over ``budget`` plain rounds, not after 4."""
+    ref = Referee()
+    spec_times = iter([5.0, 0.3, 0.3, 0.3])
+    for _ in range(4):
+        assert ref.speculate(8)
+        ref.record(True, 8, 12, next(spec_times), 8)
+    for _ in range(3):                                # the plain probe
+        assert not ref.speculate(8)
+        ref.record(False, 8, 8, 0.15)
+    assert ref.n_fallbacks == 1
+    loss = 5.9 - 48 / (8 / 0.15)                      # the speculative time less plain's for the same 48 tokens
+    want = min(ref.p.retry_cap, math.ceil(loss / (ref.p.budget * 0.15)))
+    assert ref.info()["by_slots"]["8"]["wait"] == want
+    chose = []
+    for _ in range(want):
+        chose.append(ref.speculate(8))
+        ref.record(chose[-1], 8, 8, 0.15)
+    assert not any(chose) and want > 100
+    assert ref.speculate(8)                           # and then it looks again
+
+
+def test_a_larger_batch_size_starts_plainly_where_a_smaller_one_fell_back():
+    """Speculation that loses with 4 slots does not pay with 8: a first round with 8 slots starts plainly,
+    with the wait learned at 4; a smaller size (1 slot) still starts speculating."""
+    ref = Referee()
+    drive(ref, 30, spec_tokens=1.2, spec_s=0.05, plain_s=0.02, n_gen=4)
+    assert ref.info()["by_slots"]["4"]["state"] in (Referee.PLAIN, Referee.PROBE_SPEC)
+    assert not ref.speculate(8)
+    assert ref.speculate(1)

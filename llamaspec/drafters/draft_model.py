@@ -368,6 +368,9 @@ class DraftSimple(ModelDrafter):
         for seq, group in _seq_groups(rows):
             if seq in self._drafted and group[0].pos == self.mem.pos_max(seq) + 1:
                 out.extend(group)
+            # only the batch that verifies this seq's own draft: in the rounds after it (no draft() for the
+            # seq, or none at all, as in the referee's plain rounds) its rows wait for the next catch-up
+            self._drafted.discard(seq)
         return out
 
     def _catch_up(self, params: Sequence[DraftParams], active: list[int]) -> "list[llama.Row] | None":
