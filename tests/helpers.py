@@ -33,25 +33,6 @@ def real_model(name: str) -> Path:
 EXACT = dict(flash_attn=False, kv_f32=True)
 
 
-def wait_for_native_server(proc, url: str, tries: int = 600) -> None:
-    """Poll a native ``llama-server`` process's ``/health`` until it answers 200 (``tries`` x 0.2 s); its
-    stderr tail when it exits first."""
-    import time
-    import urllib.request
-
-    for _ in range(tries):
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except Exception:  # noqa: BLE001 - not up yet
-            if proc.poll() is not None:
-                raise RuntimeError("llama-server exited: " + proc.stderr.read().decode(errors="replace")[-2000:])
-            time.sleep(0.2)
-    raise RuntimeError(f"llama-server at {url} not ready")
-
-
-
 def _penalized(logits, window: list[int], sampling) -> "object":
     """``logits`` after ``sampling``'s logit bias and llama.cpp's penalties sampler (``llama_sampler_penalties_apply``)
     over ``window``, the last ``repeat_last_n`` tokens it accepted (prompt included, as llama-server feeds it)."""

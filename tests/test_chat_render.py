@@ -9,8 +9,6 @@ text into 5-byte chunks, so there a kept BOS text shows as other ids (``"1<|st"`
 different count; on Gemma 3 (real, SentencePiece) it is a second BOS id."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("starlette")
@@ -28,6 +26,7 @@ from llamaspec.server.app import ServerConfig, ServerState, create_app  # noqa: 
 from llamaspec.testing.tiny_models import write_model  # noqa: E402
 
 from helpers import real_model  # noqa: E402
+from support.server import LLAMA_SERVER, llama_server  # noqa: E402
 
 BOS = 1
 MSGS = [{"role": "user", "content": "Hello"}]
@@ -222,45 +221,29 @@ def test_real_gemma3_one_bos(monkeypatch):
     assert seen[0][:2] != [bos, bos]
 
 
-NATIVE = Path(__file__).resolve().parents[1] / "native" / "bin"
 CHATML_TRIM = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-@pytest.mark.skipif(not (NATIVE / "llama-server").exists(),
+@pytest.mark.skipif(not LLAMA_SERVER.exists(),
                     reason="native llama-server not built (scripts/build_llama_cpp.sh)")
 @pytest.mark.parametrize("add_bos", [True, False])
 @pytest.mark.parametrize("tmpl", [LLAMA3, CHATML, CHATML_TRIM, GEMMA3], ids=["llama3", "chatml", "chatml-trim", "gemma3"])
 def test_prompt_tokens_equal_native_llama_server(tmp_path, tmpl, add_bos, monkeypatch):
     """The reference llama-server (``--jinja``, the template by ``--chat-template-file``) on the same model and
     messages: the same prompt ids on serve, generate --chat's rendering and llamaspec.Llama."""
-    import socket
-    import subprocess
-
     import httpx
-
-    from helpers import wait_for_native_server
 
     path = write_model("llama", tmp_path / "m.gguf", bos_token_id=BOS, add_bos_token=add_bos, chat_template=tmpl)
     (tmp_path / "t.jinja").write_text(tmpl)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([str(NATIVE / "llama-server"), "-m", str(path), "--port", str(port), "-c", "256",
-                             "-np", "1", "-t", "1", "--jinja", "--chat-template-file", str(tmp_path / "t.jinja")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for_native_server(proc, url, 300)
-        with httpx.Client(base_url=url, timeout=60) as c:
+    with llama_server(["-m", path, "-c", "256", "-np", "1", "-t", "1", "--jinja", "--chat-template-file",
+                       tmp_path / "t.jinja"]) as srv:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
             n_native = c.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 1}).json()["usage"][
                 "prompt_tokens"]
             text = c.post("/apply-template", json={"messages": MSGS}).json()["prompt"]
             native = c.post("/tokenize", json={"content": text, "add_special": True, "parse_special": True}).json()[
                 "tokens"]
-    finally:
-        proc.terminate()
-        proc.wait(10)
     assert n_native == len(native)
     seen = _spy_submit(monkeypatch)
     with Engine(path, n_ctx=256) as eng:

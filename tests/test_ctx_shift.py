@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
-import subprocess
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -18,9 +14,9 @@ from llamaspec.params import SpecParams
 from llamaspec.slot import FinishReason
 from llamaspec.options import RequestOptions, Shift
 
-from helpers import EXACT, wait_for_native_server
+from helpers import EXACT
+from support.server import LLAMA_SERVER, ServerProcess, llama_server
 
-NATIVE = Path(__file__).resolve().parents[1] / "native" / "bin"
 
 N_CTX = 256  # the tiny models' context (llama.cpp gives no smaller one)
 PROMPT = [1, 5, 9, 13, 22, 7, 30, 41, 2, 17]
@@ -67,32 +63,20 @@ def test_generation_goes_past_a_full_context(tiny_model):
         assert again.stats.n_cached == 50
 
 
-def _start_native(path) -> tuple[int, subprocess.Popen]:
+def _native(path) -> ServerProcess:
     """llama-server --context-shift on ``path`` (exact settings, one slot, N_CTX) on a free port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent / "lib"))
-    proc = subprocess.Popen([str(NATIVE / "llama-server"), "-m", str(path), "--port", str(port), "-c", str(N_CTX),
-                             "-np", "1", "-t", "1", "-fa", "off", "-ctk", "f32", "-ctv", "f32", "--no-warmup",
-                             "--context-shift"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    return port, proc
+    return llama_server(["-m", path, "-c", N_CTX, "-np", "1", "-t", "1", "-fa", "off", "-ctk", "f32", "-ctv", "f32",
+                         "--no-warmup", "--context-shift"])
 
 
-@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+@pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
 def test_same_tokens_as_llama_server(tiny_model):
     """llama-server --context-shift on the same model and prompt: the same 400 greedy tokens."""
     path = tiny_model("llama")
-    port, proc = _start_native(path)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for_native_server(proc, url, 300)
+    with _native(path) as srv:
         body = json.dumps({"prompt": PROMPT, "n_predict": 400, "temperature": 0, "return_tokens": True}).encode()
-        with urllib.request.urlopen(urllib.request.Request(url + "/completion", body), timeout=300) as r:
+        with urllib.request.urlopen(urllib.request.Request(srv.url + "/completion", body), timeout=300) as r:
             nat = json.load(r)
-    finally:
-        proc.terminate()
-        proc.wait(10)
     with Engine(path, n_ctx=N_CTX, context_shift=True, **EXACT) as eng:
         req, res = _run(eng, 400)
     assert nat["truncated"] and req.truncated
@@ -141,7 +125,7 @@ def test_keep_discard_takes_the_requests_values():
     assert keep_discard(255, 256, add_bos=False, n_keep=3, n_discard=500) == (3, 251)  # all but one of the rest
 
 
-@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+@pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
 def test_request_n_keep_and_n_discard_give_llama_servers_tokens(tiny_model):
     """llama-server --context-shift with a request's ``n_keep`` / ``n_discard``: the same greedy tokens from
     the engine and from ``llamaspec serve``'s /completion (which reports them in ``generation_settings``)."""
@@ -150,19 +134,13 @@ def test_request_n_keep_and_n_discard_give_llama_servers_tokens(tiny_model):
     from llamaspec.server.app import ServerConfig, ServerState, create_app
 
     path = tiny_model("llama")
-    port, proc = _start_native(path)
     nat = []
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for_native_server(proc, url, 300)
+    with _native(path) as srv:
         for k, d in KEEP_DISCARD:
             body = json.dumps({"prompt": PROMPT, "n_predict": 400, "temperature": 0, "return_tokens": True,
                                "n_keep": k, "n_discard": d}).encode()
-            with urllib.request.urlopen(urllib.request.Request(url + "/completion", body), timeout=300) as r:
+            with urllib.request.urlopen(urllib.request.Request(srv.url + "/completion", body), timeout=300) as r:
                 nat.append(json.load(r)["tokens"])
-    finally:
-        proc.terminate()
-        proc.wait(10)
     with Engine(path, n_ctx=N_CTX, context_shift=True, **EXACT) as eng:
         ours = [eng.submit(PROMPT, RequestOptions(n_predict=400, shift=Shift(n_keep=k, n_discard=d))).result().tokens for k, d in KEEP_DISCARD]
         with TestClient(create_app(ServerState(ServerConfig(model_id="tiny"), engine=eng))) as c:

@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -16,10 +13,10 @@ from llamaspec.engine import Engine
 from llamaspec.params import SpecParams
 from support import tiny_eagle as te
 
-from helpers import EXACT, wait_for_native_server
+from helpers import EXACT
+from support.server import LLAMA_SERVER, llama_server
 
-NATIVE = Path(__file__).resolve().parents[1] / "native" / "bin"
-pytestmark = pytest.mark.skipif(not (NATIVE / "llama-server").exists(),
+pytestmark = pytest.mark.skipif(not LLAMA_SERVER.exists(),
                                 reason="native llama-server not built (scripts/build_llama_cpp.sh)")
 
 KVU: list[str] = ["-kvu"]
@@ -50,31 +47,19 @@ def fixtures(tmp_path_factory):
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_completion(target: Path, head: Path, spec_type: str, n_max: int, p_min: float,
                       prompt: list[int], n_predict: int, prompts: list[list[int]] | None = None):
     """Greedy /completion(s) from a fresh llama-server with the same context settings as ``ours``; with
     ``prompts``, one request per prompt, all at once on as many slots (returns the list of responses)."""
-    port = _free_port()
-    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent / "lib"))
-    cmd = [str(NATIVE / "llama-server"), "-m", str(target), "-md", str(head), "--spec-type", spec_type,
-           "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", str(p_min), "--port", str(port),
-           "--host", "127.0.0.1", "-c", str(256 * len(prompts or [0])), "-b", "64", "-ub", "64", "-np", str(len(prompts or [0])), *KVU, "-t", "1", "-fa", "off",
-           "-ctk", "f32", "-ctv", "f32", "-ctkd", "f32", "-ctvd", "f32", "--no-warmup", "--temp", "0",
-           "--cache-ram", "0", "--no-webui"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for_native_server(proc, url, 600)
+    n = len(prompts or [0])
+    with llama_server(["-m", target, "-md", head, "--spec-type", spec_type, "--spec-draft-n-max", n_max,
+                       "--spec-draft-p-min", p_min, "--host", "127.0.0.1", "-c", 256 * n, "-b", "64", "-ub", "64",
+                       "-np", n, *KVU, "-t", "1", "-fa", "off", "-ctk", "f32", "-ctv", "f32", "-ctkd", "f32",
+                       "-ctvd", "f32", "--no-warmup", "--temp", "0", "--cache-ram", "0", "--no-webui"]) as srv:
         def one(p):
             body = json.dumps({"prompt": p, "n_predict": n_predict, "temperature": 0, "cache_prompt": False,
                                "return_tokens": True, "samplers": ["top_k"], "top_k": 1}).encode()
-            req = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(srv.url + "/completion", data=body, headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=300) as r:
                 return json.loads(r.read())
 
@@ -84,12 +69,6 @@ def server_completion(target: Path, head: Path, spec_type: str, n_max: int, p_mi
 
         with ThreadPoolExecutor(len(prompts)) as ex:
             return list(ex.map(one, prompts))
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def ours(target: Path, head: Path, spec_type: str, n_max: int, p_min: float, prompt: list[int], n_predict: int):

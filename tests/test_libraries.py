@@ -42,7 +42,7 @@ def server(request, tmp_path_factory):
     """``llamaspec serve`` without and with a draft model (SmolLM2 drafting for itself, every draft accepted
     or not, the text the same), then the reference llama-server on the same model."""
     from helpers import real_model
-    from test_server import Server
+    from support.server import Server
 
     path = str(real_model(MODEL))
     d = tmp_path_factory.mktemp("libs")

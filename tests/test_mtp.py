@@ -4,8 +4,6 @@ heads on a PART target)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import threading
 import urllib.request
@@ -13,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for_native_server
-
 from llamaspec import _llama as L
 from llamaspec._llama import ext
 from llamaspec.engine import Engine
 from llamaspec.errors import UsageError
 from llamaspec.params import SpecParams
 from support import tiny_mtp
+from support.server import LLAMA_SERVER, NATIVE_BIN, llama_server, native_env
 
 PROMPTS = ([1, 2, 3, 4], [9, 17, 33, 5, 40])
 N_PREDICT = 40
@@ -217,33 +214,17 @@ def test_cli_draft_mtp_without_md(mtp_models):
 
 # -- parity with native llama-server --------------------------------------------------------------------
 
-NATIVE = Path(__file__).resolve().parents[1] / "native" / "bin"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _server_completions(server: Path, model: Path, prompts, n_predict: int, n_max: int, extra=()) -> list[dict]:
+def _server_completions(model: Path, prompts, n_predict: int, n_max: int, extra=()) -> list[dict]:
     """One llama-server with ``len(prompts)`` slots, the prompts sent concurrently; the JSON answers in order."""
-    port = _free_port()
-    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent / "lib"))
-    proc = subprocess.Popen(
-        [str(server), "-m", str(model), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max), "--port", str(port),
-         "-c", str(256 * len(prompts)), "-b", "64", "-ub", "64", "-np", str(len(prompts)), "-kvu", "-t", "1", "-fa", "off",
-         "-ctk", "f32", "-ctv", "f32", "--no-warmup", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for_native_server(proc, url, 300)
+    with llama_server(["-m", model, "--spec-type", "draft-mtp", "--spec-draft-n-max", n_max, "-c", 256 * len(prompts),
+                       "-b", "64", "-ub", "64", "-np", len(prompts), "-kvu", "-t", "1", "-fa", "off", "-ctk", "f32",
+                       "-ctv", "f32", "--no-warmup", *extra]) as srv:
         out: dict[int, dict] = {}
 
         def post(i: int, prompt) -> None:
             body = json.dumps({"prompt": list(prompt), "n_predict": n_predict, "temperature": 0, "cache_prompt": False,
                                "return_tokens": True}).encode()
-            req = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(srv.url + "/completion", data=body, headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=120) as r:
                 out[i] = json.loads(r.read())
 
@@ -253,15 +234,9 @@ def _server_completions(server: Path, model: Path, prompts, n_predict: int, n_ma
         for t in threads:
             t.join()
         return [out[i] for i in range(len(prompts))]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
-@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+@pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
 @pytest.mark.parametrize("kind", ["qwen35-mtp", "mimo2-mtp2"])
 @pytest.mark.parametrize("n_parallel", [1, 2])
 def test_parity_with_llama_server(mtp_models, kind, n_parallel):
@@ -269,7 +244,7 @@ def test_parity_with_llama_server(mtp_models, kind, n_parallel):
     concurrent requests)."""
     path = mtp_models[kind]
     prompts = PROMPTS[:n_parallel]
-    nat = _server_completions(NATIVE / "llama-server", path, prompts, N_PREDICT, 3)
+    nat = _server_completions(path, prompts, N_PREDICT, 3)
     res, *_ = _run(path, _spec(n_max=3), n_parallel, prompts=prompts)
     for ours, n in zip(res, nat):
         assert ours.tokens == n["tokens"]
@@ -278,12 +253,12 @@ def test_parity_with_llama_server(mtp_models, kind, n_parallel):
         assert ours.stats.n_accepted > 0
 
 
-@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+@pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
 def test_parity_md_head_with_llama_server(mtp_models):
     """A separate MTP GGUF as -md: both select draft-mtp from the file and agree on tokens and counts."""
     target = mtp_models["qwen35-mtp"]
     head = tiny_mtp.write_qwen35_mtp(target.parent / "qwen35-mtp-head.gguf", mtp_only=True)
-    (nat,) = _server_completions(NATIVE / "llama-server", target, PROMPTS[:1], N_PREDICT, 3, extra=["-md", str(head)])
+    (nat,) = _server_completions(target, PROMPTS[:1], N_PREDICT, 3, extra=["-md", str(head)])
     with Engine(target, draft=head, spec=SpecParams(parity=True), n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False,
                 n_threads=1) as eng:
         r = eng.generate(PROMPTS[0], n_predict=N_PREDICT, sampling=L.SamplingParams(temp=0.0))
@@ -302,13 +277,13 @@ def test_bench_mode_draft_mtp_needs_no_draft_file():
     assert a[:2] == ["--spec-type", "draft-mtp"] and "-md" not in a and "--spec-draft-n-max" in a
 
 
-@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+@pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
 def test_parity_chunked_prompt_and_chain_with_llama_server(mtp_models):
     """A prompt decoded in several chunks (process() after each: pending_h carries over), draft-mtp behind
     ngram-simple in the chain."""
     path = mtp_models["qwen35-mtp"]
     prompt = [(i * 7 + 3) % 64 for i in range(40)]
-    (nat,) = _server_completions(NATIVE / "llama-server", path, [prompt], N_PREDICT, 3,
+    (nat,) = _server_completions(path, [prompt], N_PREDICT, 3,
                                  extra=["-b", "16", "-ub", "16", "--spec-type", "ngram-simple"])
     sp = _spec(n_max=3)
     sp.add_types("ngram-simple")
@@ -384,7 +359,7 @@ def test_mtp_head_file_is_refused_where_it_would_crash(mtp_models):
     assert "draft" not in rep and rep["heads"]["draft-mtp"]["supported"]
 
 
-@pytest.mark.skipif(not (NATIVE / "llama-server").exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+@pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
 def test_parity_rs_checkpoint_restore_replay_with_llama_server(mtp_models):
     """ngram-simple drafts longer than n_rs_seq (= n_max 3) from a prompt that repeats the target's own text: the RS
     target checkpoints, restores and replays, draft-mtp keeps pending_h through it; counts equal llama-server's."""
@@ -392,7 +367,7 @@ def test_parity_rs_checkpoint_restore_replay_with_llama_server(mtp_models):
     with L.Model(path) as m:
         g = tiny_mtp.greedy(m, [1, 2, 3, 4], 60)
     prompt = [1, 2, 3, 4] + g + [1, 2, 3, 4] + g[:10]
-    (nat,) = _server_completions(NATIVE / "llama-server", path, [prompt], 60, 3, extra=["--spec-type", "ngram-simple"])
+    (nat,) = _server_completions(path, [prompt], 60, 3, extra=["--spec-type", "ngram-simple"])
     sp = _spec(n_max=3)
     sp.add_types("ngram-simple")
     with Engine(path, spec=sp, n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1) as eng:
@@ -405,17 +380,16 @@ def test_parity_rs_checkpoint_restore_replay_with_llama_server(mtp_models):
     assert by_type["draft-mtp"]["n_acc_tokens"] > 0 and by_type["ngram-simple"]["n_acc_tokens"] > 0
 
 
-@pytest.mark.skipif(not (NATIVE / "llama-speculative-simple").exists(), reason="native llama-speculative-simple not built")
+@pytest.mark.skipif(not (NATIVE_BIN / "llama-speculative-simple").exists(), reason="native llama-speculative-simple not built")
 @pytest.mark.parametrize("kind", ["qwen35-mtp", "mimo2-mtp2"])
 def test_tokens_equal_llama_speculative_simple_up_to_n(mtp_models, kind):
     """llama-speculative-simple runs one round past -n (its counts are inflated): compare the text up to -n."""
     path = mtp_models[kind]
-    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent / "lib"))
     out = subprocess.run(
-        [str(NATIVE / "llama-speculative-simple"), "-m", str(path), "--spec-type", "draft-mtp", "--spec-draft-n-max", "3",
+        [str(NATIVE_BIN / "llama-speculative-simple"), "-m", str(path), "--spec-type", "draft-mtp", "--spec-draft-n-max", "3",
          "-p", "hello world", "-n", str(N_PREDICT), "-c", "256", "-b", "64", "-ub", "64", "-t", "1", "-fa", "off",
          "-ctk", "f32", "-ctv", "f32", "--temp", "0"],
-        capture_output=True, text=True, env=env, timeout=120)
+        capture_output=True, text=True, env=native_env(), timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     with Engine(path, spec=_spec(n_max=3), n_ctx=256, n_batch=64, kv_f32=True, flash_attn=False, n_threads=1) as eng:
         r = eng.generate("hello world", n_predict=N_PREDICT, sampling=L.SamplingParams(temp=0.0))

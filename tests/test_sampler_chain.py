@@ -5,13 +5,8 @@ llama-server is built (scripts/build_llama_cpp.sh), the same text as llama-serve
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -21,10 +16,9 @@ from llamaspec.errors import UsageError
 from llamaspec.params import SpecParams
 from llamaspec.text import TextStream
 
-from helpers import EXACT, real_model, wait_for_native_server
+from helpers import EXACT, real_model
+from support.server import LLAMA_SERVER, llama_server, running, serve
 
-NATIVE = Path(__file__).resolve().parents[1] / "native" / "bin" / "llama-server"
-ROOT = Path(__file__).resolve().parents[1]
 
 CASES = {
     "mirostat2": dict(mirostat=2),
@@ -104,12 +98,6 @@ def test_greedy_dry_and_typical_move_the_argmax(engines):
 
 
 # -- against llama-server ----------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _post(port: int, body: dict) -> dict:
     req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
@@ -136,19 +124,12 @@ SERVER_CASES = [
 
 
 @pytest.mark.real
-@pytest.mark.skipif(not NATIVE.exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
+@pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="native llama-server not built (scripts/build_llama_cpp.sh)")
 def test_same_text_as_llama_server():
     model = str(real_model("smollm2-135m-q4_1"))
-    ports = _free_port(), _free_port()
-    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent.parent / "lib"))
     common = ["-m", model, "-np", "1", "-c", "2048", "-t", "1"]
-    procs = [subprocess.Popen([str(NATIVE), *common, "--port", str(ports[0])], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, env=env),
-             subprocess.Popen([sys.executable, "-m", "llamaspec", "serve", *common, "--port", str(ports[1]), "--spec-type", "ngram-lookup"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)]
-    try:
-        for port, proc in zip(ports, procs):
-            wait_for_native_server(proc, f"http://127.0.0.1:{port}")
+    with running(llama_server(common), serve([*common, "--spec-type", "ngram-lookup"])) as srvs:
+        ports = [s.port for s in srvs]
         for case in SERVER_CASES:
             body = {"prompt": "Once upon a time, in a land far away, there was a list: 1, 2, 3, 1, 2, 3,",
                     "n_predict": 48, "cache_prompt": False, **case}
@@ -157,7 +138,3 @@ def test_same_text_as_llama_server():
             assert ours["stop_type"] == native["stop_type"], case
         bad = _post(ports[1], {"prompt": "x", "samplers": ["top_k", "tfs"]})
         assert bad["status"] == 400 and "samplers" in bad["error"]["error"]["message"]
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(10)

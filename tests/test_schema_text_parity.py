@@ -17,26 +17,20 @@ Run (prints the counts per route)::
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from helpers import real_model, wait_for_native_server
+from helpers import real_model
+from support.server import LLAMA_SERVER, llama_server, running, serve
 
-ROOT = Path(__file__).resolve().parents[1]
-NATIVE = ROOT / "native" / "bin" / "llama-server"
 TOL = 0.02  # nats; the two builds' log-probabilities of one token at one position differ by ~1e-3 at most
 N_PREDICT = 48
 N_PROBS = 20
 
 pytestmark = [pytest.mark.real,
-              pytest.mark.skipif(not NATIVE.exists(),
+              pytest.mark.skipif(not LLAMA_SERVER.exists(),
                                  reason="native llama-server not built (scripts/build_llama_cpp.sh); CI has none")]
 
 # (name, what the prompt asks for, schema)
@@ -128,12 +122,6 @@ SCHEMAS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _post(port: int, path: str, body: dict) -> dict:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
@@ -149,21 +137,9 @@ def servers(request):
     """(native port, llamaspec port): both on SmolLM2-135M Q4_1, one slot, one thread each; ``request.param``
     "jinja" (both servers' default) or "no-jinja" (llama.cpp's built-in templates)."""
     model = str(real_model("smollm2-135m-q4_1"))
-    ports = _free_port(), _free_port()
-    env = dict(os.environ, LD_LIBRARY_PATH=str(NATIVE.parent.parent / "lib"))
     common = ["-m", model, "-np", "1", "-c", "2048", "-t", "1", f"--{request.param}"]
-    procs = [subprocess.Popen([str(NATIVE), *common, "--port", str(ports[0])], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, env=env),
-             subprocess.Popen([sys.executable, "-m", "llamaspec", "serve", *common, "--port", str(ports[1])],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)]
-    try:
-        for port, proc in zip(ports, procs):
-            wait_for_native_server(proc, f"http://127.0.0.1:{port}")
-        yield ports
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(10)
+    with running(llama_server(common), serve(common)) as srvs:
+        yield tuple(s.port for s in srvs)
 
 
 def classify(native: list[dict], ours: list[dict], tol: float = TOL) -> tuple[str, str]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,52 +25,11 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
+from support.server import Server  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 KEY, KEY2, FILE_KEY = "sk-test-1", "sk-test-2", "sk-from-file"
 N_CTX_SEQ = 2048  # -c 8192 over -np 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A ``llamaspec serve`` process (or ``exe``'s: the reference llama-server); ``url`` once /health answers 200."""
-
-    def __init__(self, args: list[str], log: Path, exe: list[str] | None = None):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        cmd = [*(exe or [sys.executable, "-m", "llamaspec.cli.main", "serve"]), "--host", "127.0.0.1",
-               "--port", str(self.port), *args]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self._fh = open(log, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._fh, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log.read_text()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"server not ready after 120 s:\n{log.read_text()}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._fh.close()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 import pytest
 
 from helpers import real_model
-from test_server import Server, _error
+from support.server import Server
+from test_server import _error
 
 httpx = pytest.importorskip("httpx")
 

@@ -10,7 +10,8 @@ import urllib.request
 
 import pytest
 
-from test_server import Server, _error
+from support.server import Server
+from test_server import _error
 
 httpx = pytest.importorskip("httpx")
 

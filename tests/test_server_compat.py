@@ -23,6 +23,7 @@ from llamaspec.server.parsing import Body, parse_gen_params, parse_prompts, Defa
 from llamaspec.options import RequestOptions
 
 from helpers import real_model  # noqa: E402
+from support.server import free_port  # noqa: E402
 
 # a Llama-3-style template: parts of a message are joined by the server before it sees them
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
@@ -348,23 +349,8 @@ def test_cors_proxy_forwards_only_explicit_headers(engine, target):
         _bad(c.get("/cors-proxy?url=ftp://127.0.0.1/x", headers=auth), "scheme")
         _bad(c.get("/cors-proxy?url=http://u:p@127.0.0.1/x", headers=auth), "authentication")
         _bad(c.get("/cors-proxy", headers=auth), "url")
-        with socket_closed() as port:
-            r = c.get(f"/cors-proxy?url=http://127.0.0.1:{port}/", headers=auth)
+        r = c.get(f"/cors-proxy?url=http://127.0.0.1:{free_port()}/", headers=auth)  # nobody listens there
         assert r.status_code == 502 and "proxy error" in r.json()["error"]["message"]
-
-
-class socket_closed:
-    """A local port nobody listens on."""
-
-    def __enter__(self) -> int:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_worked_examples():

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from test_server import Server
+from support.server import Server
 
 httpx = pytest.importorskip("httpx")
 

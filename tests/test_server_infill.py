@@ -24,7 +24,7 @@ from llamaspec.server.infill import fim_prompt  # noqa: E402
 from support.fim import with_fim_tokens  # noqa: E402
 from llamaspec.testing.tiny_models import write_model  # noqa: E402
 
-from test_server import Server  # noqa: E402 - the real-process helper
+from support.server import Server  # noqa: E402 - the real-process helper
 
 FIM = {"pre": 60, "suf": 61, "mid": 62, "sep": 59, "rep": 58}
 BODY = {"input_prefix": "#include <stdio.h>\nint main() {\n", "input_suffix": "}\n", "prompt": "    int n = ",

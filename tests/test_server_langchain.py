@@ -6,12 +6,6 @@ message goes back to the template."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -49,39 +43,15 @@ def get_time(utc: bool) -> str:
 def server(tmp_path_factory):
     """``llamaspec serve`` in its own process; its base URL."""
     from helpers import real_model
+    from support.server import serve
     from test_server_tools import TEMPLATE
 
     tmp = tmp_path_factory.mktemp("langchain")
     (tmp / "tools.jinja").write_text(TEMPLATE)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(tmp / "serve.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llamaspec.cli.main", "serve", "-m", str(real_model("smollm2-135m-q4_1")),
-         "--host", "127.0.0.1", "--port", str(port), "--chat-template-file", str(tmp / "tools.jinja"), "-c", "2048",
-         "-t", "1"], stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                raise RuntimeError("llamaspec serve exited: " + (tmp / "serve.log").read_text()[-2000:])
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
-        else:
-            raise RuntimeError("llamaspec serve not ready")
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with serve(["-m", real_model("smollm2-135m-q4_1"), "--host", "127.0.0.1", "--chat-template-file",
+                tmp / "tools.jinja", "-c", "2048", "-t", "1"], module="llamaspec.cli.main", log=tmp / "serve.log",
+               stop_timeout=20) as srv:
+        yield srv.url
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from test_server import Server, _error, _prompt, _sse, _wait_idle
+from support.server import Server
+from test_server import _error, _prompt, _sse, _wait_idle
 
 httpx = pytest.importorskip("httpx")
 

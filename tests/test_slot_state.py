@@ -31,7 +31,7 @@ def served(tmp_path_factory):
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("starlette")
     pytest.importorskip("uvicorn")
-    from test_server import Server
+    from support.server import Server
 
     d = tmp_path_factory.mktemp("slots")
     (d / "files").mkdir()

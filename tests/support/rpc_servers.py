@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from .server import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 SERVER_NAMES = ("ggml-rpc-server", "rpc-server")
 
@@ -56,12 +58,6 @@ def child_env(lib_dir: Path, **extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RpcServers:
