@@ -6,6 +6,7 @@ message goes back to the template."""
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 
