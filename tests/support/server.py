@@ -93,7 +93,8 @@ class ServerProcess:
 
     @property
     def name(self) -> str:
-        return f"{Path(self.cmd[0]).name} on port {self.port}"
+        head = self.cmd[:4] if self.cmd[1:2] == ["-m"] else self.cmd[:1]  # python -m MODULE serve
+        return f"{' '.join([Path(head[0]).name, *head[1:]])} on port {self.port}"
 
     @property
     def _where(self) -> str:
