@@ -289,7 +289,7 @@ class Referee:
         p = self.p
         if from_spec:  # a plain probe ended: stay speculating unless it loses
             if r is not None and r < 1.0 - p.margin:
-                bk.wait = self._wait(bk)
+                bk.wait = self._wait(bk, clip=True)  # (a new request's prompt catch-up: once, not every round)
                 bk.state, bk.left = self.PLAIN, max(bk.retry, bk.wait)
                 self.n_fallbacks += 1
                 return
@@ -308,14 +308,16 @@ class Referee:
             bk.wait = self._wait(bk)
             bk.state, bk.left = self.PLAIN, max(bk.retry, bk.wait)
 
-    def _wait(self, bk: _Bucket) -> int:
+    def _wait(self, bk: _Bucket, clip: bool = False) -> int:
         """The plain rounds to wait after speculation lost at ``bk``: its loss (speculative time less the time
-        plain decoding needed for the same tokens) over ``budget`` x a plain round's median time."""
+        plain decoding needed for the same tokens) over ``budget`` x a plain round's median time; ``clip``: each
+        round's time at most ``CLIP`` x their median."""
         spec, plain = bk.arms[self.best_arm].rounds, bk.plain
         rate = plain.rate()
         if not spec or not rate:
             return 0
-        loss = sum(t for _, t in spec) - sum(n for n, _ in spec) / rate
+        cap = CLIP * statistics.median(t for _, t in spec) if clip else math.inf
+        loss = sum(min(t, cap) for _, t in spec) - sum(n for n, _ in spec) / rate
         per_round = statistics.median(t for _, t in plain.rounds)
         if loss <= 0 or per_round <= 0:
             return 0

@@ -213,25 +213,36 @@ def test_a_clearly_losing_retry_ends_after_its_first_rounds():
 
 
 def test_a_large_loss_waits_in_proportion():
-    """The first speculative rounds of 8 fresh requests also catch the draft model up (5 s under load where a
-    plain round takes 0.15 s): the next look comes after the loss over ``budget`` plain rounds, not after 4."""
+    """A retry's first round also catches the draft model up on what the plain rounds committed (5 s under load
+    for 8 slots where a plain round takes 0.15 s): the next look comes after the loss over ``budget`` plain
+    rounds, unclipped. The first fall-back of a batch size clips each round at ``CLIP`` x the median (a new
+    request's prompt is caught up once, not every retry)."""
     ref = Referee()
-    spec_times = iter([5.0, 0.3, 0.3, 0.3])
-    for _ in range(4):
-        assert ref.speculate(8)
-        ref.record(True, 8, 12, next(spec_times), 8)
-    for _ in range(3):                                # the plain probe
-        assert not ref.speculate(8)
-        ref.record(False, 8, 8, 0.15)
+
+    def spec_rounds(times):
+        for t in times:
+            assert ref.speculate(8)
+            ref.record(True, 8, 12, t, 8)
+
+    def plain_rounds(n):
+        chose = []
+        for _ in range(n):
+            chose.append(ref.speculate(8))
+            ref.record(chose[-1], 8, 8, 0.15)
+        return chose
+
+    spec_rounds([5.0, 0.3, 0.3, 0.3])
+    plain_rounds(3)                                   # the plain probe
     assert ref.n_fallbacks == 1
-    loss = 5.9 - 48 / (8 / 0.15)                      # the speculative time less plain's for the same 48 tokens
-    want = min(ref.p.retry_cap, math.ceil(loss / (ref.p.budget * 0.15)))
-    assert ref.info()["by_slots"]["8"]["wait"] == want
-    chose = []
-    for _ in range(want):
-        chose.append(ref.speculate(8))
-        ref.record(chose[-1], 8, 8, 0.15)
-    assert not any(chose) and want > 100
+    rate = 24 / (3 * 0.15)                            # plain: 8 tokens per 0.15 s round
+    first = math.ceil((sum(min(t, 0.9) for t in (5.0, 0.3, 0.3, 0.3)) - 48 / rate) / (ref.p.budget * 0.15))  # 5.0 clipped at 3 x 0.3
+    assert ref.info()["by_slots"]["8"]["wait"] == first
+    assert not any(plain_rounds(first))
+    spec_rounds([5.0, 0.3, 0.3])                      # the retry: clearly losing, ended after 3 rounds
+    assert ref.info()["by_slots"]["8"]["state"] == Referee.PLAIN
+    want = min(ref.p.retry_cap, math.ceil((sum((5.0, 0.3, 0.3)) - 36 / rate) / (ref.p.budget * 0.15)))
+    assert ref.info()["by_slots"]["8"]["wait"] == want and want > 2 * first
+    assert not any(plain_rounds(want))
     assert ref.speculate(8)                           # and then it looks again
 
 

@@ -68,6 +68,9 @@ class Drafter:
     #: ms of one drafting step in the last ``draft()``, without the catching up before it (draft models set it;
     #: None: not measured, the caller times the whole call): what the auto gate prices a drafted token at
     last_step_ms: "float | None" = None
+    #: time the last draft() spent catching its context up on committed tokens (not drafting: the cost model
+    #: leaves it out of a draft's price)
+    catch_up_ms: float = 0.0
 
     def __init__(self, n_seq: int):
         self.n_seq = n_seq

@@ -394,7 +394,9 @@ class DraftSimple(ModelDrafter):
             return
         for s in active:
             self._decoded[s] = None
+        t0 = time.perf_counter()
         lead = self._catch_up(params, active) if self.reuse_kv else []
+        self.catch_up_ms = (time.perf_counter() - t0) * 1e3
         if lead is None:
             return
         t0 = time.perf_counter()
