@@ -27,8 +27,9 @@ measured close together so that both saw the same machine.
   stops, speculation is back within 16 + ``probe_len_spec`` rounds) -- unless what it lost was large: the wait
   is then at least the loss over ``budget`` plain rounds' time (up to ``retry_cap`` rounds), so that looking
   again costs at most about ``budget`` of the time spent plain. The loss is the speculative rounds' time less
-  the time plain decoding needed for their tokens, unclipped: with 8 fresh requests the first speculative
-  rounds also catch the draft model up on 8 prompts, which under load cost 5 s where a plain round took 0.15.
+  the time plain decoding needed for their tokens; a failed retry's unclipped (its first round catches the draft
+  model up on what the plain rounds committed: for 8 slots under load 5 s where a plain round took 0.15), a
+  first fall-back's clipped like the windows (a new request's prompt is caught up once, not at every retry).
 * **Neighbours.** A batch size seen for the first time while a smaller one has fallen back starts plainly,
   with that size's wait (speculation that loses with 4 slots does not pay with 8 either: a batch's verify cost
   grows with its rows while a round's gain does not).
