@@ -75,6 +75,8 @@ class Chain:
                 raise AssertionError("draft result must be empty when drafting starts")
         if not drafting:
             return
+        for d in self.impls:
+            d.catch_up_ms = 0.0
         for d in self.drafting_impls():
             with Timer(d.stats, "t_draft_us"):
                 d.draft(params)
@@ -98,6 +100,10 @@ class Chain:
                 break
         for dp in params:
             dp.drafting = False
+
+    def catch_up_ms(self) -> float:
+        """Time the last :meth:`draft` spent catching draft contexts up on committed tokens (no drafting)."""
+        return sum(d.catch_up_ms for d in self.impls)
 
     def accept(self, seq_id: int, n_accepted: int) -> None:
         impl = self.impl_last[seq_id]

@@ -87,13 +87,11 @@ class DraftPhase:
         if not requested:
             return requested
         try:
-            for d in chain.impls:
-                d.catch_up_ms = 0.0
             t0 = time.perf_counter()
             chain.draft()
             if self.cost_model is not None:
                 lens = [len(chain.result(s.seq_id)[0]) for s in requested]
-                ms = (time.perf_counter() - t0) * 1e3 - sum(d.catch_up_ms for d in chain.impls)
+                ms = (time.perf_counter() - t0) * 1e3 - chain.catch_up_ms()
                 self.cost_model.add_draft(sum(lens), max(ms, 0.0), n_seqs=len(requested), n_steps=max(lens))
             return requested
         except Exception as e:  # noqa: BLE001 - find the slot it belongs to
