@@ -171,6 +171,15 @@ class GatedDrafter(Drafter):
         self.inner.n_max = value
 
     @property
+    def catch_up_ms(self) -> float:
+        """The inner drafter's catch-up time in its last ``draft()`` (the engine's cost model leaves it out)."""
+        return self.inner.catch_up_ms
+
+    @catch_up_ms.setter
+    def catch_up_ms(self, value: float) -> None:
+        self.inner.catch_up_ms = value
+
+    @property
     def reuse_kv(self) -> bool:
         """The inner drafter's ``reuse_kv`` (the engine turns it off where the draft memory cannot trim)."""
         return self.inner.reuse_kv

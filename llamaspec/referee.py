@@ -215,9 +215,9 @@ class Referee:
         bk = self._buckets.get(b)
         if bk is None:
             bk = self._buckets[b] = _Bucket(self.p, self.arms)
-            fell = [o for k, o in self._buckets.items() if k < b and o.state in (self.PLAIN, self.PROBE_SPEC)]
-            if fell:  # a smaller batch size fell back: start plainly, and wait as long as it does
-                o = fell[-1]
+            fell = [(k, o) for k, o in self._buckets.items() if k < b and o.state in (self.PLAIN, self.PROBE_SPEC)]
+            if fell:  # a smaller batch size fell back: start plainly, and wait as long as the nearest one does
+                o = max(fell, key=lambda ko: ko[0])[1]
                 bk.state, bk.first, bk.retry, bk.wait = self.PLAIN, False, o.retry, o.wait
                 bk.left = max(o.retry, o.wait)
         return bk

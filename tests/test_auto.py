@@ -239,6 +239,27 @@ def run_gate(n_accepted: int, rounds: int, verify_ms: dict[int, float], draft_ms
     return gated, drafted
 
 
+def test_gate_passes_the_draft_models_catch_up_time_on():
+    """The engine prices a draft without the time the draft model spent catching its context up; behind the
+    auto gate that time is the inner drafter's, and the chain resets it for each draft."""
+
+    class CatchingUp(FakeDraft):
+        def draft(self, params):
+            self.catch_up_ms = 40.0
+            super().draft(params)
+
+    inner = CatchingUp(1)
+    chain = AutoChain(NgramLookup(1, NgramLookupParams()), inner, 1)
+    dp = chain.dparams[0]
+    dp.drafting, dp.n_max, dp.prompt, dp.id_last, dp.result = True, 8, (1, 2, 3), 4, []
+    chain.draft()
+    assert dp.result and chain.catch_up_ms() == 40.0
+    inner.draft = lambda params: FakeDraft.draft(inner, params)  # a draft that needs no catching up
+    dp.drafting, dp.result = True, []
+    chain.draft()
+    assert dp.result and chain.catch_up_ms() == 0.0
+
+
 def test_gate_switches_a_losing_drafter_off_and_retries():
     gated, drafted = run_gate(0, 60, {1: 10.0, 4: 16.0})
     assert gated.n_gate_off >= 1

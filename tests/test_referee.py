@@ -254,3 +254,16 @@ def test_a_larger_batch_size_starts_plainly_where_a_smaller_one_fell_back():
     assert ref.info()["by_slots"]["4"]["state"] in (Referee.PLAIN, Referee.PROBE_SPEC)
     assert not ref.speculate(8)
     assert ref.speculate(1)
+
+
+def test_a_new_batch_size_waits_as_the_nearest_smaller_one_that_fell_back():
+    """Where several smaller sizes fell back, a new size starts plainly with the wait of the nearest one (its
+    costs are the closest), not of whichever was seen first."""
+    ref = Referee()
+    drive(ref, 30, spec_tokens=1.0, spec_s=0.2, plain_s=0.02, n_gen=4)   # a large loss at 4: a long wait
+    drive(ref, 30, spec_tokens=1.0, spec_s=0.025, plain_s=0.02, n_gen=1)  # a small loss at 1
+    by = ref.info()["by_slots"]
+    assert by["4"]["state"] in (Referee.PLAIN, Referee.PROBE_SPEC) and by["1"]["state"] in (Referee.PLAIN, Referee.PROBE_SPEC)
+    assert by["4"]["wait"] != by["1"]["wait"]
+    assert not ref.speculate(8)
+    assert ref.info()["by_slots"]["8"]["wait"] == ref.info()["by_slots"]["4"]["wait"]
