@@ -230,7 +230,7 @@ def test_llama_cpp_with_draft_model_equals_plain(tiny, tiny_plain):
 def test_draft_model_keeps_its_memory_in_step(tiny_model, kind):
     """Drafts from the incremental memory equal a fresh draft model's for the same history, whatever part of
     the previous draft the history accepted (and after a new, unrelated history)."""
-    kw = dict(num_pred_tokens=5, adaptive=False, n_threads=1)
+    kw = dict(num_pred_tokens=5, adaptive=False, n_threads=1, referee=False)
     dm = DraftModel(str(tiny_model(kind)), **kw)
     fresh = DraftModel(str(tiny_model(kind)), **kw)
     rng = np.random.default_rng(0)
@@ -265,6 +265,31 @@ def test_draft_model_decodes_once_per_drafted_token(tiny, monkeypatch):
     dm.close()
 
 
+def test_catching_up_in_the_first_step_is_not_priced_as_drafting(tiny, monkeypatch):
+    """A new prompt (or the rounds after plain ones) rides whole with the first drafting step; that step's time
+    is catching up but for one drafting step, which ``catch_up_ms`` says (the engine's cost model prices a draft
+    without it). On a fake clock: a decode costs 1 ms plus 1 ms per row."""
+    import llamaspec.drafters.draft_model as dmod
+
+    dm = DraftModel(tiny[1], num_pred_tokens=4, adaptive=False, n_threads=1, referee=False)
+    now = [0.0]
+    monkeypatch.setattr(dmod, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0] / 1e3)}))
+
+    def costs(n_rows):
+        now[0] += 1.0 + n_rows
+
+    for name, rows in (("decode", lambda a: len(a[0])), ("decode_next", lambda a: len(a[0]))):
+        real = getattr(L.Context, name)
+        monkeypatch.setattr(L.Context, name, lambda self, *a, _real=real, _rows=rows, **k:
+                            (self is dm._ctx and costs(_rows(a))) or _real(self, *a, **k))
+    hist = list(range(1, 41))  # 39 prompt tokens to catch up, then the last token
+    assert len(dm(np.array(hist, dtype=np.intc))) == 4
+    ds = dm._drafter
+    assert ds.last_step_ms == pytest.approx(2.0)       # the later steps: one row each
+    assert ds.catch_up_ms == pytest.approx((1.0 + 40) - 2.0)  # the first step less one drafting step
+    dm.close()
+
+
 def test_draft_model_adapts_its_length(tiny):
     dm = DraftModel(tiny[1], num_pred_tokens=8, n_min=2, n_threads=1)
     dm.n = 4
@@ -278,6 +303,44 @@ def test_draft_model_adapts_its_length(tiny):
     dm(np.array(h + [wrong], dtype=np.intc))  # the first drafted token rejected: shorter
     assert dm.n == 5 and (dm.stats["n_accepted"], dm.stats["n_drafted"]) == (4, 4 + 6 + 5)
     dm.close()
+
+
+def drive_hook(dm, calls: int, spec_s_per_round: float, plain_s: float) -> list[int]:
+    """``calls`` rounds of llama-cpp-python's loop on a fake clock: every draft is accepted whole, a round that
+    drafted takes ``spec_s_per_round`` and one that did not ``plain_s``; a new request every 20 calls (the tiny
+    draft's context is short). The draft lengths, per call."""
+    now = [0.0]
+    dm._clock = lambda: now[0]
+    hist, lens = [], []
+    for i in range(calls):
+        if i % 20 == 0:
+            hist = [1 + i % 7, 2, 3, 4, 5]
+        d = dm(np.array(hist, dtype=np.intc)).tolist()
+        lens.append(len(d))
+        now[0] += spec_s_per_round if d else plain_s
+        hist = hist + d + [7]
+    return lens
+
+
+def test_draft_model_drafts_nothing_while_drafting_loses(tiny):
+    """A round that drafts 4 (5 tokens) but takes 8x a plain round's time delivers less: after a few rounds
+    measured against plain ones the hook returns empty drafts (llama_cpp.Llama decodes plainly)."""
+    dm = DraftModel(tiny[1], num_pred_tokens=4, adaptive=False, n_threads=1)
+    lens = drive_hook(dm, 80, spec_s_per_round=0.08, plain_s=0.01)
+    assert lens[:4] == [4] * 4                  # speculating from the start
+    assert lens[-60:].count(0) == 60            # then plain (the loss was large: a long wait before a retry)
+    assert dm.stats["n_plain"] == lens.count(0) and dm.referee.n_fallbacks == 1
+    dm.close()
+
+
+def test_draft_model_keeps_drafting_while_it_pays(tiny):
+    dm = DraftModel(tiny[1], num_pred_tokens=4, adaptive=False, n_threads=1)
+    lens = drive_hook(dm, 80, spec_s_per_round=0.02, plain_s=0.01)  # 5 tokens in 2x the time: 2.5x
+    assert dm.referee.n_fallbacks == 0 and 1 <= lens.count(0) <= 10 and lens.count(0) == dm.stats["n_plain"]
+    off = DraftModel(tiny[1], num_pred_tokens=4, adaptive=False, n_threads=1, referee=False)
+    assert drive_hook(off, 80, spec_s_per_round=0.08, plain_s=0.01) == [4] * 80  # referee=False: always drafts
+    dm.close()
+    off.close()
 
 
 # -- real models ------------------------------------------------------------------------------------

@@ -19,7 +19,13 @@ happened from the history alone, and drafts with the engine's own parts:
   itself is unsure of;
 * ``n`` adapts to what was accepted (``adaptive``): all of the last draft accepted -> ``n + 2``, otherwise
   ``n - 1``, between ``n_min`` and ``num_pred_tokens`` (the engine's cost-based length,
-  :mod:`llamaspec.adaptive`, needs the round's measured costs, which the hook never sees).
+  :mod:`llamaspec.adaptive`, needs the round's measured costs, which the hook never sees);
+* whether to draft at all is the engine's :class:`~llamaspec.referee.Referee`'s call (``referee``): the time
+  from one call to the next is a round of llama-cpp-python's loop (the target's decode of what was drafted,
+  its sampling, the draft) and the history's growth is what that round delivered, so speculative rounds are
+  judged against occasional plain ones (an empty draft) on tokens per second, and the hook drafts nothing
+  while speculating loses (on a busy machine ``llama_cpp.Llama`` decodes a drafted batch with
+  ``n_threads_batch`` threads, all the cores by default).
 
 Limits (llama-cpp-python's loop, not the adapter's): one sequence, match verification only (the target's
 sampled token is compared with the draft's), and its ``Llama`` copies every row's logits into Python when a
@@ -29,6 +35,7 @@ the target's vocabulary.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +48,7 @@ from ..drafters.draft_model import DraftSimple
 from ..memory import DraftRollback, common_prefix
 from ..params import DraftModelParams
 from ..probe import can_seq_rm
+from ..referee import Referee
 from .args import CompatError
 
 __all__ = ["DraftModel"]
@@ -52,14 +60,16 @@ class DraftModel(lcp.LlamaDraftModel):
     """A draft GGUF (path, models.toml name or a loaded :class:`~llamaspec._llama.Model`) as a
     ``llama_cpp.llama_speculative.LlamaDraftModel``. ``num_pred_tokens``: the longest draft; ``n_ctx``: the
     draft context (at least the target's; default the smaller of 4096 and the draft's training context);
-    ``n_threads`` / ``n_gpu_layers``: llama.cpp's meaning."""
+    ``n_threads`` / ``n_gpu_layers``: llama.cpp's meaning; ``referee``: draft only while drafting delivers more
+    tokens per second than plain rounds (False: always draft)."""
 
     #: lets ``llamaspec.Llama(draft_model=DraftModel(...))`` run the draft inside its own engine instead
     is_llamaspec_draft_model = True
 
     def __init__(self, model: "str | os.PathLike | llama.Model", *, num_pred_tokens: int = 10, n_min: int = 1,
                  adaptive: bool = True, p_min: float = 0.0, n_ctx: "int | None" = None, n_batch: int = 512,
-                 n_threads: "int | None" = None, n_gpu_layers: "int | None" = None, flash_attn: "bool | None" = None):
+                 n_threads: "int | None" = None, n_gpu_layers: "int | None" = None, flash_attn: "bool | None" = None,
+                 referee: bool = True):
         if num_pred_tokens < 1 or not 1 <= n_min <= num_pred_tokens:
             raise CompatError(f"DraftModel needs 1 <= n_min <= num_pred_tokens, got {n_min} and {num_pred_tokens}")
         self._ctx = None
@@ -88,16 +98,30 @@ class DraftModel(lcp.LlamaDraftModel):
         self._kv: list[int] = []
         self._last_len = 0  # length of the history at the last call
         self._last_draft: list[int] = []
-        #: counters: calls, drafted tokens, accepted drafted tokens, tokens decoded on the draft
-        self.stats = {"n_calls": 0, "n_drafted": 0, "n_accepted": 0, "n_decoded": 0, "n_trimmed": 0}
+        #: counters: calls, drafted tokens, accepted drafted tokens, tokens decoded on the draft, calls the referee
+        #: answered plainly
+        self.stats = {"n_calls": 0, "n_drafted": 0, "n_accepted": 0, "n_decoded": 0, "n_trimmed": 0, "n_plain": 0}
+        #: speculate or not from what the rounds delivered (None: always)
+        self.referee = Referee() if referee else None
+        self._clock = time.perf_counter
+        self._t_last: "float | None" = None  # when the last call came
+        self._hist_last: list[int] = []  # the history it had
+        self._spec_last = False  # whether the referee let it draft
 
     # -- the hook -----------------------------------------------------------------------------------
     def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
         hist = [int(t) for t in np.asarray(input_ids).reshape(-1)]
+        now = self._clock()
         self.stats["n_calls"] += 1
+        self._judge(hist, now)
         self._learn(hist)
+        self._t_last, self._hist_last, self._spec_last = now, hist, True
         n = min(self.n, self._ctx.n_ctx - len(hist))
         if not hist or max(hist) >= self._n_vocab or n < 1:
+            return np.array([], dtype=np.intc)
+        if self.referee is not None and not self.referee.speculate(1):
+            self._spec_last, self._last_len, self._last_draft = False, len(hist), []
+            self.stats["n_plain"] += 1
             return np.array([], dtype=np.intc)
         n_kv = len(self._kv)  # keep what the target accepted (the module docstring)
         self.stats["n_trimmed"] += n_kv - self._mem.keep_common_prefix(SEQ, self._kv, hist, len(hist) - 1)
@@ -109,6 +133,17 @@ class DraftModel(lcp.LlamaDraftModel):
         self._last_len, self._last_draft = len(hist), dp.result
         self.stats["n_drafted"] += len(dp.result)
         return np.array(dp.result, dtype=np.intc)
+
+    def _judge(self, hist: list[int], now: float) -> None:
+        """Tell the referee what the round since the last call delivered, when this call continues it (the
+        history grew by the accepted draft and one token; a new prompt's round is not timed)."""
+        prev = self._hist_last
+        if self.referee is None or self._t_last is None:
+            return
+        grown = len(hist) - len(prev)
+        drafted = len(self._last_draft) if self._spec_last else 0
+        if 1 <= grown <= drafted + 1 and hist[:len(prev)] == prev:
+            self.referee.record(self._spec_last, 1, grown, now - self._t_last, drafted)
 
     def _learn(self, hist: list[int]) -> None:
         """What the target accepted of the last draft, read off the new history; adapt the length."""
@@ -134,6 +169,7 @@ class DraftModel(lcp.LlamaDraftModel):
         self._kv.clear()
         self._drafter.reset(SEQ)
         self._last_draft, self._last_len, self.n = [], 0, self.num_pred_tokens
+        self._t_last, self._hist_last = None, []  # (the referee keeps what it measured: the machine is the same)
 
     def close(self) -> None:
         ctx, self._ctx = getattr(self, "_ctx", None), None

@@ -10,10 +10,8 @@ import asyncio
 import json
 import os
 import random
-import resource
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -22,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from . import server
 from .load_client import Result, execute, greedy_outcome, is_failure
 from .faults import MESSAGE as INJECTED
 from .load_mix import NEAR_TIE, WORDS, Call, MixContext, draw_call, greedy_pool
@@ -31,7 +30,7 @@ SUPPORT_ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["RunConfig", "ServerProcess", "run", "report"]
 
-HOST = "127.0.0.1"
+HOST = server.HOST
 
 
 @dataclass
@@ -55,49 +54,21 @@ class RunConfig:
     inject: str = ""
 
 
-class ServerProcess:
-    """``llamaspec serve`` on a free loopback port, its log in a file."""
+class ServerProcess(server.ServerProcess):
+    """``llamaspec serve`` (through ``launcher``, a module of tests/, when given) on a free loopback port, its log
+    in ``log``, ready once created; ``memory_limit_gb`` caps its address space (0: no cap)."""
 
     def __init__(self, args: list[str], log: Path, ready_timeout: float = 300.0, memory_limit_gb: float = 0.0,
                  launcher: list[str] | None = None):
-        from llamaspec.bench.native import free_port
-
-        self.port = free_port()
-        self.url = f"http://{HOST}:{self.port}"
-        self.cmd = [sys.executable, "-m", *(launcher or ["llamaspec.cli.main"]), "serve", "--host", HOST, "--port",
-                    str(self.port), *args]
-        self.log = log
-        #: while this file exists the server injects faults (``--inject``; None: it does not)
-        self.inject_flag: Path | None = None
-        self._fh = open(log, "wb")
-        limit = int(memory_limit_gb * 2 ** 30)
-
-        def cap() -> None:
-            if limit > 0:
-                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if launcher:  # a launcher module of this package (support.faults): its folder, tests/, on the child's path
             env["PYTHONPATH"] = os.pathsep.join([str(SUPPORT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-        self.proc = subprocess.Popen(self.cmd, stdout=self._fh, stderr=subprocess.STDOUT, preexec_fn=cap, env=env)
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"the server was not ready after {ready_timeout:.0f} s:\n{self.tail()}")
-            time.sleep(0.1)
-
-    def tail(self, n: int = 3000) -> str:
-        if not self._fh.closed:
-            self._fh.flush()
-        return self.log.read_bytes()[-n:].decode("utf-8", "replace")
+        super().__init__([sys.executable, "-m", *(launcher or ["llamaspec.cli.main"]), "serve", "--host", HOST, *args],
+                         env=env, cwd=os.getcwd(), log=log, ready_timeout=ready_timeout,
+                         address_space=int(memory_limit_gb * 2 ** 30))
+        #: while this file exists the server injects faults (``--inject``; None: it does not)
+        self.inject_flag: Path | None = None
+        self.start()
 
     def rss_mb(self) -> float | None:
         try:
@@ -110,21 +81,9 @@ class ServerProcess:
 
     def terminate(self, timeout: float = 60.0) -> int | None:
         """SIGTERM (a drain); the exit code, None if it did not exit in ``timeout`` s (then killed)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                return None
-        self._fh.close()
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._fh.close()
+        self.stop_signal, self.stop_timeout = signal.SIGTERM, timeout
+        code = self.stop()
+        return None if self.killed else code
 
 
 def _pct(xs: list[float], q: float) -> float | None:

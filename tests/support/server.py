@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -38,11 +39,13 @@ class ServerProcess:
 
     ``log``: the file that gets its stdout and stderr (None: a temporary file, removed by :meth:`stop`);
     ``env``: its environment (None: this process's); ``stop_signal`` / ``stop_timeout``: how :meth:`stop`
-    asks it to end before it kills it. A context manager: started on entry, stopped on exit."""
+    asks it to end before it kills it (``killed`` says it had to); ``address_space``: its RLIMIT_AS in bytes
+    (0: none; a memory blow-up then kills the server, not the machine). A context manager: started on entry,
+    stopped on exit."""
 
     def __init__(self, cmd: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike = REPO,
                  log: Path | None = None, ready_timeout: float = 120.0, stop_signal: int = signal.SIGTERM,
-                 stop_timeout: float = 10.0):
+                 stop_timeout: float = 10.0, address_space: int = 0):
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.cmd = [*map(str, cmd), "--port", str(self.port)]
@@ -54,13 +57,21 @@ class ServerProcess:
             os.close(fd)
             log = Path(name)
         self.log = Path(log)
+        self.address_space = address_space
         self.proc: subprocess.Popen | None = None
+        self.killed = False
         self._fh = None
 
     def launch(self) -> "ServerProcess":
         """Start the process (not waiting for it)."""
         self._fh = open(self.log, "wb")
-        self.proc = subprocess.Popen(self.cmd, cwd=self.cwd, stdout=self._fh, stderr=subprocess.STDOUT, env=self.env)
+        limit = self.address_space
+
+        def cap() -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+        self.proc = subprocess.Popen(self.cmd, cwd=self.cwd, stdout=self._fh, stderr=subprocess.STDOUT, env=self.env,
+                                     preexec_fn=cap if limit > 0 else None)
         return self
 
     def wait_ready(self) -> "ServerProcess":
@@ -118,6 +129,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                self.killed = True
         if self._fh is not None:
             self._fh.close()
         if self._temp:
