@@ -162,6 +162,8 @@ def _run_pip(req: str, pkg: str, dest: Path, binary_flags: list[str], progress: 
         raise
     finally:
         state["stop"] = True
+        if proc.stdout is not None:
+            proc.stdout.close()
         if poller is not None:
             poller.join(timeout=2)
         shutil.rmtree(tmp, ignore_errors=True)
