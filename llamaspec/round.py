@@ -89,6 +89,8 @@ class Round:
         self.out = out
         gen = self.shift.run(gen, self._fail)  # --context-shift: full slots drop old tokens first
         referee = self.referee if gen and not prompts else None  # a prompt chunk's time is not the generation's
+        if self.referee is not None and not gen and len(prompts) == 1:
+            self.referee.new_text(1)  # a lone slot's next request: a new text to judge
         if referee is not None:
             spec = referee.speculate(len(gen))
         else:  # untimed (prompt work in the round): as the batch size last decided

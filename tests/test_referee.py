@@ -267,3 +267,16 @@ def test_a_new_batch_size_waits_as_the_nearest_smaller_one_that_fell_back():
     assert by["4"]["wait"] != by["1"]["wait"]
     assert not ref.speculate(8)
     assert ref.info()["by_slots"]["8"]["wait"] == ref.info()["by_slots"]["4"]["wait"]
+
+
+def test_a_new_text_on_one_slot_looks_again_soon():
+    """A large loss on one prompt sets a long wait; the next request on a lone slot is a new text, so the wait is
+    cut to ``retry`` rounds (larger batch sizes keep theirs: their texts do not turn over at once)."""
+    ref = Referee()
+    drive(ref, 30, spec_tokens=1.0, spec_s=0.2, plain_s=0.02, n_gen=1)
+    drive(ref, 30, spec_tokens=1.0, spec_s=0.2, plain_s=0.02, n_gen=4)
+    assert ref.info()["by_slots"]["1"]["wait"] > 100 and ref.info()["by_slots"]["4"]["wait"] > 100
+    ref.new_text(1)
+    chose = drive(ref, ref.p.retry + 1, spec_tokens=4.0, spec_s=0.02, plain_s=0.02, n_gen=1)
+    assert chose[-1] and not any(chose[:-1])
+    assert not any(drive(ref, ref.p.retry + 1, spec_tokens=4.0, spec_s=0.02, plain_s=0.02, n_gen=4))
