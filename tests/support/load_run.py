@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import statistics
 import sys
 import time
@@ -81,7 +80,7 @@ class ServerProcess(server.ServerProcess):
 
     def terminate(self, timeout: float = 60.0) -> int | None:
         """SIGTERM (a drain); the exit code, None if it did not exit in ``timeout`` s (then killed)."""
-        self.stop_signal, self.stop_timeout = signal.SIGTERM, timeout
+        self.stop_timeout = timeout  # (stop_signal: SIGTERM, the base class's default)
         code = self.stop()
         return None if self.killed else code
 
