@@ -87,7 +87,7 @@ class Engine:
         n_gpu_layers: int | None = None, n_gpu_layers_draft: int | None = None, main_gpu: int | None = None,
         split_mode: str | None = None, tensor_split: "Sequence[float] | None" = None, cache_prompt: bool = False,
         rpc_servers: "Sequence[str] | str | None" = None, rpc_servers_draft: "Sequence[str] | str | None" = None,
-        context_shift: bool = False,
+        context_shift: bool = False, slot_prompt_similarity: float = 0.1,
     ):
         """``drafters``: your own :class:`~llamaspec.drafters.base.Drafter` objects, in priority order, used
         instead of the chain that ``spec`` describes (their ``n_seq`` must equal ``n_parallel``).
@@ -98,11 +98,15 @@ class Engine:
 
         ``cache_prompt``: a finished request's tokens stay in its slot's memory, and the next request with
         a common prefix decodes only the rest (llama-server's prompt cache; see :mod:`llamaspec.scheduler`).
+        ``slot_prompt_similarity``: with it, a request takes the free slot whose cache covers more than this share
+        of its prompt, else the least recently used one (llama-server's ``-sps``; 0: least recently used only).
         ``context_shift``: a full context drops old tokens instead of ending the request (:mod:`llamaspec.ctx_shift`).
         """
         for name, v, lo in (("n_parallel", n_parallel, 1), ("context size", n_ctx, 8), ("batch size", n_batch, 1)):
             if v < lo:
                 raise UsageError(f"{name} must be >= {lo}, got {v}")
+        if not 0.0 <= slot_prompt_similarity <= 1.0:
+            raise UsageError(f"slot prompt similarity must be in [0, 1], got {slot_prompt_similarity}")
         if verify not in VERIFY_MODES:
             raise UsageError(f"unknown verification mode {verify!r} (valid: {', '.join(VERIFY_MODES)})")
         if spec is None:  # llamaspec's defaults: the draft model's length is adaptive up to a larger ceiling
@@ -147,7 +151,8 @@ class Engine:
                                   self.cost_model if adaptive else None, self.rollback_tgt.needs_checkpoint)
         self.scheduler = Scheduler(self.slots, self.rollback_tgt, self.rollback_dft, self.chain, self.budget,
                                    verify=verify, ctx=self.ctx, is_eog=self.vocab.is_eog,
-                                   synth_cond=self.synth_cond, cache_prompt=cache_prompt)
+                                   synth_cond=self.synth_cond, cache_prompt=cache_prompt,
+                                   slot_prompt_similarity=slot_prompt_similarity)
         #: speculate or not from delivered throughput (llamaspec.referee), with the adaptive policies
         judged = self.chain is not None and spec.referee_on() and (adaptive or isinstance(self.chain, AutoChain))
         self.referee = Referee(arms=self.chain.arms) if judged else None

@@ -6,9 +6,11 @@ composes it and calls it at fixed points of a step, under the engine lock:
 - ``enqueue()`` (any thread) queues a validated request; requests beyond ``n_parallel`` wait (counted in
   ``n_deferred``). ``admit()`` starts queued requests at the start of a step, in submission order; a request
   whose start fails finishes with ``error`` (its slot is released), never lost between queue and slot.
-- Slot choice: ``id_slot`` pins a slot (the request waits for it); otherwise, with a prompt cache, the free
-  slot whose cached tokens share the longest prefix with the prompt, else the least recently used one;
-  without one, the first free slot.
+- Slot choice (llama-server's): ``id_slot`` pins a slot (the request waits for it); otherwise, with a prompt
+  cache, the free slot whose cached tokens cover the largest share of the prompt (their common prefix over the
+  prompt's length) when that share is above ``slot_prompt_similarity`` (``-sps``, 0.1; 0 turns it off), else
+  the least recently used free slot (one never used first); without a prompt cache, the first free slot. A
+  share, not any common prefix: every prompt of a model that adds BOS shares one token with every cache.
 - Prompt cache (``Engine(cache_prompt=True)``, per request ``cache_prompt``): a finished request leaves its
   tokens in the slot's memory; the next request on that slot decodes only what follows the longest common
   prefix. A trimmable (PART) memory drops the rest with ``seq_rm``; a FULL / RS memory can only continue
@@ -49,7 +51,8 @@ class Scheduler:
 
     def __init__(self, slots: list[Slot], rollback_tgt: "TargetRollback", rollback_dft: "DraftRollback",
                  chain: "Chain | None", budget: "DraftBudget", *, verify: str, ctx: "llama.Context",
-                 is_eog: Callable[[int], bool], synth_cond: Sequence[float] | None, cache_prompt: bool):
+                 is_eog: Callable[[int], bool], synth_cond: Sequence[float] | None, cache_prompt: bool,
+                 slot_prompt_similarity: float = 0.1):
         self.slots = slots
         self.rollback_tgt = rollback_tgt
         self.rollback_dft = rollback_dft
@@ -61,6 +64,7 @@ class Scheduler:
         self.synth_cond = synth_cond
         #: keep a finished request's tokens in its slot for the next request's common prefix
         self.cache_prompt = cache_prompt
+        self.slot_prompt_similarity = slot_prompt_similarity
         #: guards the queue, the cancels and the totals (any thread)
         self._queue_lock = threading.Lock()
         self._queued: deque[Request] = deque()
@@ -104,9 +108,12 @@ class Scheduler:
             return None
         if not (self.cache_prompt and req.options.cache_prompt):
             return free[0]
-        best = max(free, key=lambda s: (common_prefix(s.cached, req.prompt_tokens), -s.t_last))
-        if best.cached and common_prefix(best.cached, req.prompt_tokens) > 0:
-            return best
+        if self.slot_prompt_similarity > 0 and req.prompt_tokens:
+            n = len(req.prompt_tokens)
+            shares = [(common_prefix(s.cached, req.prompt_tokens) / n, s) for s in free if s.cached]
+            share, best = max(shares, key=lambda x: x[0], default=(0.0, None))
+            if best is not None and share > self.slot_prompt_similarity:
+                return best
         return min(free, key=lambda s: s.t_last)  # the least recently used cache is the one to lose
 
     def admit(self) -> None:

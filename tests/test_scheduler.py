@@ -94,6 +94,36 @@ def test_slot_choice_by_prefix_and_id_slot(tiny_model):
             e.submit(PROMPTS[0], RequestOptions(id_slot=2))
 
 
+def test_prompts_sharing_only_their_first_token_keep_their_own_slots(tiny_model):
+    """llama-server's slot choice: a cache is chosen when it covers more than ``-sps`` (0.1) of the prompt, else
+    the least recently used slot. Before, any common prefix chose a slot, and a model's BOS is common to every
+    prompt: one slot took every request in turn, evicting the cache each time, while the others stayed empty."""
+    prompts = [[1] + [10 + 7 * i + k for k in range(12)] for i in range(3)]  # one shared first token (a BOS)
+    with Engine(tiny_model("llama"), n_ctx=512, n_parallel=3, cache_prompt=True, **EXACT) as e:
+        def one_by_one():
+            out = []
+            for p in prompts:
+                r = e.submit(p, RequestOptions(n_predict=2))
+                r.result()
+                out.append(r)
+            return out
+
+        assert [r.slot.id for r in one_by_one()] == [0, 1, 2]  # the empty slots first
+        again = one_by_one()  # each finds its own cache
+        assert [r.slot.id for r in again] == [0, 1, 2]
+        assert [r.stats.n_cached for r in again] == [len(p) - 1 for p in prompts]
+    with Engine(tiny_model("llama"), n_ctx=512, n_parallel=2, cache_prompt=True, slot_prompt_similarity=0.0,
+                **EXACT) as e:  # -sps 0: least recently used only, whatever is cached
+        ids = []
+        for p in (prompts[0], prompts[0], prompts[0]):
+            r = e.submit(p, RequestOptions(n_predict=2))
+            r.result()
+            ids.append(r.slot.id)
+        assert ids == [0, 1, 0]
+    with pytest.raises(UsageError, match="similarity"):
+        Engine(tiny_model("llama"), n_ctx=512, slot_prompt_similarity=1.5)
+
+
 def test_per_request_speculative_settings(tiny_model, alone):
     with Engine(tiny_model("llama"), draft=tiny_model("llama-draft"), spec=spec(6), n_ctx=512, **EXACT) as e:
         off = e.generate(PROMPTS[0], n_predict=16, speculative=RequestSpec(n_max=0))

@@ -145,6 +145,7 @@ def test_environment_variables():
     ([], {"LLAMA_ARG_JINJA": "maybe"}, "LLAMA_ARG_JINJA: expected 1/0"),
     ([], {"LLAMA_ARG_CTX_SIZE": "big"}, "LLAMA_ARG_CTX_SIZE: expected an integer"),
     (["--ctx-size", "x"], {}, "--ctx-size"),
+    (["-sps", "1.5"], {}, "--slot-prompt-similarity"),
 ])
 def test_bad_command_lines_exit_2_before_loading(argv, env, needle):
     r = _run(argv, env)

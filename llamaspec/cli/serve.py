@@ -52,6 +52,10 @@ _SERVER_OPTIONS = [
                  help="Seconds of silence before a keep-alive comment in a stream (0 = never)."),
     click.option("--cache-prompt/--no-cache-prompt", "cache_prompt", default=True, show_default=True,
                  help="Keep each slot's KV after a request and reuse the longest common prefix (llama-server's prompt cache)."),
+    click.option("-sps", "--slot-prompt-similarity", "slot_prompt_similarity", type=click.FloatRange(0.0, 1.0),
+                 default=0.1, show_default=True,
+                 help="A request takes the free slot whose cached prompt covers more than this share of its prompt, "
+                      "else the least recently used slot (0 = least recently used only)."),
     click.option("--ui-mcp-proxy/--no-ui-mcp-proxy", "mcp_proxy", default=False, show_default=True,
                  help="Enable /cors-proxy?url=..., llama-server's proxy for its web UI's MCP clients: it forwards "
                       "only the X-Llama-Server-Proxy-Header-* headers. Do not enable it in untrusted environments."),
@@ -128,7 +132,7 @@ _LOG_OPTIONS = [
 def serve(ctx, model, pair, model_url, hf_repo, hf_file, hf_token, hf_repo_draft, offline, cache_dir, host, port,
           reuse_port, api_keys, api_key_file, api_prefix, ssl_key_file, ssl_cert_file, cors_origins, cors_methods,
           cors_headers, cors_credentials, alias, tags, metrics, props, slots, jinja, chat_template, chat_template_file,
-          sse_ping_interval, cache_prompt, mcp_proxy, tools, mcp_servers_config, mcp_servers_json, n_predict, ctx_size, batch_size,
+          sse_ping_interval, cache_prompt, slot_prompt_similarity, mcp_proxy, tools, mcp_servers_config, mcp_servers_json, n_predict, ctx_size, batch_size,
           ubatch_size, n_parallel, flash_attn, cache_type_k, cache_type_v, kv_unified, context_shift, temp, top_k, top_p,
           min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, log_verbose, verbosity,
           log_file, log_disable, **spec_kw):
@@ -208,7 +212,8 @@ def serve(ctx, model, pair, model_url, hf_repo, hf_file, hf_token, hf_repo_draft
     def load():
         return Engine(path, draft=dpath, spec=spec, verify=verify, n_ctx=n_ctx, n_batch=batch_size,
                       n_ubatch=ubatch_size, n_parallel=n_parallel, flash_attn=fa, kv_f32=kv_f32,
-                      context_shift=context_shift, cache_prompt=cache_prompt, **device)
+                      context_shift=context_shift, cache_prompt=cache_prompt,
+                      slot_prompt_similarity=slot_prompt_similarity, **device)
 
     def ready(state, url: str) -> None:
         eng = state.engine

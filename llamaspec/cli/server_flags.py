@@ -252,7 +252,7 @@ FLAGS: tuple[Flag, ...] = (
     _F('--chat-template-file', 'S', 'LLAMA_ARG_CHAT_TEMPLATE_FILE', 'cli'),
     _F('--skip-chat-parsing', 'B', 'LLAMA_ARG_SKIP_CHAT_PARSING', R_REASON, neg='--no-skip-chat-parsing'),
     _F('--prefill-assistant', 'B', 'LLAMA_ARG_PREFILL_ASSISTANT', 'same', neg='--no-prefill-assistant'),
-    _F('-sps --slot-prompt-similarity', 'S', None, R_CACHE),
+    _F('-sps --slot-prompt-similarity', 'S', None, 'cli'),
     _F('--lora-init-without-apply', 'V', None, R_LORA),
     _F('--sleep-idle-seconds', 'I', None, R_SLEEP),
     _F('--log-disable', 'V', None, 'cli'),
