@@ -247,7 +247,9 @@ class Referee:
             bk.first, bk.left = False, bk.probe_every  # rounds that drafted nothing measured plain already
         if bk.state == self.SPEC and bk.left <= 0:
             bk.first, bk.state, bk.left = False, self.PROBE_PLAIN, self.p.probe_len
-        elif bk.state == self.SPEC and self._arm_left <= 0 and len(self.arms) > 1:
+        elif bk.state == self.SPEC and self._arm_left <= 0 and len(self.arms) > 1 and not bk.first:
+            # (a batch size is judged against plain first: an arm probe there would put off its first plain
+            # probe by ``probe_len_spec`` rounds, and a short burst of requests never got its reference)
             self._arm_probe, self._arm_left = True, self.p.probe_len_spec
             i = self.arms.index(self.best_arm)
             self.arm = self.arms[(i + 1) % len(self.arms)]  # the next arm in turn

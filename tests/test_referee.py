@@ -137,6 +137,21 @@ def test_the_arm_in_charge_stays_when_it_wins_and_is_retried_when_the_text_chang
     assert ref.best_arm == "model"
 
 
+def test_a_new_batch_size_is_judged_against_plain_before_arms_are_compared():
+    """The arm-probe interval counts over every batch size: when a new size (8 slots) came while an arm probe
+    was due, the probe of arms ran there first and put off its first plain probe; a burst of 8 short requests
+    under load then ran speculating, unjudged, at 0.7x of plain."""
+    ref = Referee(arms=("all", "model"), probe_first=4)
+    drive_arms(ref, 200, {"all": 300, "model": 200}, plain_rate=100)  # one slot: arms compared meanwhile
+    ref._arm_left = 0  # an arm probe is due when the new size comes
+    states = []
+    for _ in range(6):
+        spec = ref.speculate(8)
+        states.append(ref.state)
+        ref.record(spec, 8, 8 if not spec else 10, 0.1)
+    assert "probe-arm" not in states[:5] and "probe-plain" in states[:6], states
+
+
 def test_one_arm_never_probes_another():
     ref = Referee()
     used = drive_arms(ref, 200, {"spec": 300}, plain_rate=100)
