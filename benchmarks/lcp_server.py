@@ -14,7 +14,10 @@ jinja2, numpy, openai, pydantic, safetensors, websockets); ``--lcp-server`` the 
 same token prompts on ``/v1/completions`` (``max_tokens``, temperature 0) and its ``usage.completion_tokens``
 are counted; ``llamaspec serve`` and llama-server get ``/completion`` as in ``llamaspec bench --server``.
 ``lcp:lookup`` is its ``draft_model: prompt-lookup-decoding`` (num_pred_tokens 16, max_ngram_size 2, its
-defaults); ``@tN`` gives any server N threads.
+defaults); ``@tN`` gives any server N threads. The same 8 prompts are sent at every client count and repeat:
+llama-cpp-python's server always reuses its cached prefixes, so llamaspec and llama-server are sent
+``cache_prompt: true`` (their default) unless ``--no-cache-prompt`` (before 2026-12-07 they were sent ``false``,
+and llama-cpp-python's server alone skipped the prompts it had seen: its second repeat ran 1.5x its first).
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ class LcpServer(HttpServer):
 
     health_path = "/healthz"
 
-    def complete(self, tokens, n_predict, seed, conn=None):
+    def complete(self, tokens, n_predict, seed, conn=None, cache_prompt=None):
+        # (its prefix cache is always on: no request field turns it off)
         body = {"prompt": list(tokens), "max_tokens": n_predict, "temperature": 0.0, "seed": seed, "stream": False}
         r = conn.post_json("/v1/completions", body, self.label) if conn is not None else self._once(body)
         return {"tokens_predicted": int(r.get("usage", {}).get("completion_tokens", 0))}
@@ -108,7 +112,8 @@ def markdown(report: dict) -> str:
            f"{report['created']} · load: {report['load']['description']} (cores used {report['load'].get('cores_used')}) · "
            f"load average at start {report['machine'].get('loadavg_at_start')} · {report['duration_s']} s", "",
            f"Target {s['target']}, draft {s['draft']}; -np {s['n_parallel']}, -c {s['n_ctx']}; {s['n_prompts']} prompts, "
-           f"{s['n_predict']} tokens, greedy; {s['repeats']} repeats, servers alternating; aggregate tokens/s.", "",
+           f"{s['n_predict']} tokens, greedy; {s['repeats']} repeats, servers alternating; aggregate tokens/s; "
+           f"prompt cache {'on' if s.get('cache_prompt', False) else 'off for llamaspec and llama-server'}.", "",
            "| clients | setting | tokens/s (median of repeats, min - max) |", "|---:|---|---:|"]
     groups: dict = {}
     for r in report["runs"]:
@@ -141,6 +146,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--spec-draft-n-max", type=int, default=8)
     ap.add_argument("--native-dir", default=None)
+    ap.add_argument("--cache-prompt", action=argparse.BooleanOptionalAction, default=True,
+                    help="llamaspec and llama-server reuse a slot's cached prompt (their default; llama-cpp-python's "
+                         "server always reuses its prefix cache); --no-cache-prompt: they decode every prompt whole")
     ap.add_argument("--json", required=True)
     ap.add_argument("--markdown", default=None)
     args = ap.parse_args(argv)
@@ -179,7 +187,7 @@ def main(argv=None) -> int:
                 for c in clients:
                     for key in (order if rep % 2 == 0 else order[::-1]):
                         engine, s = servers[key]
-                        m = measure(s, tokens, c, args.n_predict, args.seed)
+                        m = measure(s, tokens, c, args.n_predict, args.seed, cache_prompt=args.cache_prompt)
                         print(f"r{rep + 1} {c} client(s) {s.label}: {m['tokens_per_s']} tok/s", file=sys.stderr, flush=True)
                         runs.append({"engine": engine, "variant": key, "server": s.label, "clients": c, "repeat": rep, **m})
     finally:
@@ -192,7 +200,7 @@ def main(argv=None) -> int:
               "duration_s": round(time.time() - t0, 1), "machine": machine_info(), "load": load.summary(),
               "settings": {"target": args.model, "draft": args.model_draft, "n_parallel": args.parallel,
                            "n_ctx": args.ctx_size, "n_predict": args.n_predict, "n_prompts": len(tokens),
-                           "repeats": args.repeats, "variants": keys},
+                           "repeats": args.repeats, "variants": keys, "cache_prompt": args.cache_prompt},
               "summary": summary(runs), "runs": runs}
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     md = markdown(report)

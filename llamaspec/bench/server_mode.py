@@ -108,9 +108,9 @@ def make_server(v: ServerVariant, cfg: ServerBenchConfig, log_dir: str) -> HttpS
 
 
 def measure(server: HttpServer, prompts: Sequence[Sequence[int]], clients: int, n_predict: int, seed: int,
-            per_client: int = 0) -> dict:
+            per_client: int = 0, **extra) -> dict:
     """One measurement: ``clients`` threads send the requests (prompts cycled to a multiple of ``clients``, or to
-    ``clients * per_client``), each on its own keep-alive connection."""
+    ``clients * per_client``), each on its own keep-alive connection; ``extra``: more body fields."""
     n_req = clients * (per_client or math.ceil(len(prompts) / clients))
     jobs = [prompts[i % len(prompts)] for i in range(n_req)]
     lock = threading.Lock()
@@ -126,7 +126,7 @@ def measure(server: HttpServer, prompts: Sequence[Sequence[int]], clients: int, 
                     return
                 t0 = time.perf_counter()
                 try:
-                    r = server.complete(jobs[i], n_predict, seed, conn)
+                    r = server.complete(jobs[i], n_predict, seed, conn, **extra)
                 except Exception as e:  # reported in the run, not fatal
                     with lock:
                         errors.append(f"{type(e).__name__}: {e}")
