@@ -383,7 +383,26 @@ def _invoke(args):
     return CliRunner().invoke(main, ["bench", *args], catch_exceptions=False)
 
 
-def test_bench_quick_smoke(tmp_path):
+def _assert_portable(js, md, home):
+    """A report names files under the home directory as ``~/...``, never by this machine's absolute paths (they
+    get committed); the tiny models of ``--quick`` are made under the (test's) home here."""
+    for f in (js, md):
+        assert str(home) + "/" not in f.read_text(), f
+    assert "~/tmp/llamaspec-bench-quick-" in js.read_text()
+
+
+def _home_with_tmp(tmp_path, monkeypatch):
+    import tempfile
+
+    home = tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(tempfile, "tempdir", str(home / "tmp"))
+    return home
+
+
+def test_bench_quick_smoke(tmp_path, monkeypatch):
+    home = _home_with_tmp(tmp_path, monkeypatch)
     js, md, png = tmp_path / "b.json", tmp_path / "b.md", tmp_path / "b.png"
     r = _invoke(["--quick", "--no-progress", "--json", str(js), "--markdown", str(md), "--plot", str(png)])
     assert r.exit_code == 0, r.output
@@ -411,6 +430,7 @@ def test_bench_quick_smoke(tmp_path):
     else:
         assert any("not built" in n for n in rep["notes"])
     assert md.read_text().startswith("# Benchmark: tiny llama")
+    _assert_portable(js, md, home)
     assert png.read_bytes()[:4] == b"\x89PNG"
     # the speedup model per prompt kind: one entry per category for the drafting modes, each with a prediction
     pcm = [x for x in rep["per_category_model"] if x["engine"] == "llamaspec" and x["mode"] == "draft-simple"]
@@ -461,10 +481,11 @@ def test_bench_from_json_rerenders(tmp_path):
     assert _invoke(["--from-json", str(bad)]).exit_code == 2
 
 
-def test_bench_server_quick(tmp_path):
+def test_bench_server_quick(tmp_path, monkeypatch):
     """``--server --quick``: llamaspec serve on the tiny pair with 1 and 2 clients (llama-server when built)."""
     from importlib.util import find_spec
 
+    home = _home_with_tmp(tmp_path, monkeypatch)
     if find_spec("starlette") is None or find_spec("uvicorn") is None:
         pytest.skip('bench --server needs the server extra: pip install "llamaspec[server]"')
     js, md, png = tmp_path / "s.json", tmp_path / "s.md", tmp_path / "s.png"
@@ -486,6 +507,7 @@ def test_bench_server_quick(tmp_path):
     assert rep["settings"]["requests_per_client"] == 32
     assert any("not built" in n for n in rep["notes"])
     assert md.read_text().startswith("# llamaspec bench --server")
+    _assert_portable(js, md, home)
     if plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # --requests-per-client, else the prompts shared out: 2 clients send 2 * ceil(3 / 2)

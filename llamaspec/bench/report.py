@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -17,6 +18,39 @@ if TYPE_CHECKING:
     from .native import RunSettings
 
 SCHEMA_VERSION = 1
+
+
+def portable_paths(value, cache: str | None = None, home: str | None = None, cwd: str | None = None):
+    """``value`` (a report, or any part: strings, lists, dicts) with this machine's paths made portable: the model
+    cache becomes ``~/.cache/llamaspec`` (``$LLAMASPEC_CACHE`` when set elsewhere), the working directory's
+    files relative paths and the rest of the home directory ``~``; a committed report names no user's files.
+
+    >>> portable_paths({"m": "/h/u/.cache/llamaspec/g/g.gguf", "c": ["/w/native/bin/x", "-m", "/h/u/a.gguf"]},
+    ...                cache="/h/u/.cache/llamaspec", home="/h/u", cwd="/w")
+    {'m': '~/.cache/llamaspec/g/g.gguf', 'c': ['native/bin/x', '-m', '~/a.gguf']}
+    """
+    if cache is None:
+        from ..models import cache_dir
+        cache = str(cache_dir())
+    home = os.path.expanduser("~") if home is None else home
+    cwd = os.getcwd() if cwd is None else cwd
+    default_cache = os.path.join(home, ".cache", "llamaspec")
+    subs = [(cache.rstrip("/") + "/", "~/.cache/llamaspec/" if cache.rstrip("/") == default_cache
+             else "$LLAMASPEC_CACHE/")]
+    subs += [(d.rstrip("/") + "/", new) for d, new in ((cwd, ""), (home, "~/")) if len(d.rstrip("/")) > 1]
+    subs.sort(key=lambda x: -len(x[0]))  # the longest prefix first (a cache or checkout inside the home)
+
+    def fix(v):
+        if isinstance(v, str):
+            for old, new in subs:
+                v = re.sub(r"(^|(?<=[\s=\"'`(]))" + re.escape(old), new.replace("\\", "\\\\"), v)
+            return v
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [fix(x) for x in v]
+        return v
+    return fix(value)
 
 
 def load_lines(report: dict) -> list[str]:
@@ -41,12 +75,13 @@ def build_report(cfg: BenchConfig, res: RunSettings, out: Outcome, *, summary: d
     return {
         "schema_version": SCHEMA_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": cfg.command,
+        "command": portable_paths(cfg.command),
         "duration_s": round(time.time() - t_start, 1),
         "machine": machine,
         "settings": {
-            "pair": cfg.pair, "target": cfg.target_name or cfg.target, "draft": cfg.draft_name or cfg.draft,
-            "target_path": cfg.target, "draft_path": cfg.draft, "target_file_type": file_type,
+            "pair": cfg.pair, "target": cfg.target_name or portable_paths(cfg.target),
+            "draft": cfg.draft_name or portable_paths(cfg.draft),
+            "target_path": portable_paths(cfg.target), "draft_path": portable_paths(cfg.draft), "target_file_type": file_type,
             "modes": [m.name for m in cfg.modes], "engines": list(cfg.engines),
             "prompts": cfg.prompts_file or "shipped (llamaspec/bench/prompts.jsonl)", "n_prompts": len(cfg.prompts),
             "prompt_tokens": {p.id: len(p.tokens) for p in out.prompts},
@@ -62,7 +97,7 @@ def build_report(cfg: BenchConfig, res: RunSettings, out: Outcome, *, summary: d
             "ngram_map_k": vars(cfg.spec.ngram_map_k).copy(), "near_tie_tol": cfg.near_tie_tol,
             "schedule": "per prompt, every configuration back to back; order reversed on odd repeats (A B C, C B A)",
         },
-        "native_commands": out.commands,
+        "native_commands": portable_paths(out.commands),
         "costs": out.costs,
         "notes": out.plan.notes,
         "skipped": out.plan.skipped,

@@ -29,6 +29,7 @@ from ..errors import UsageError
 from .execute import machine_info
 from .native import LOOPBACK, SERVER, HttpServer, _ngl, find_tool
 from .prompts import Prompt
+from .report import portable_paths
 from .server_variants import ServerVariant, parse_variants, sweep_variants
 
 #: --engines names -> server label
@@ -209,10 +210,11 @@ def run_server_benchmark(cfg: ServerBenchConfig, progress: Callable[[str], None]
     return {
         "kind": "server",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": cfg.command,
+        "command": portable_paths(cfg.command),
         "duration_s": round(time.time() - t_start, 1),
         "machine": machine_info(),
-        "settings": {"target": cfg.target_name or cfg.target, "draft": cfg.draft_name or cfg.draft,
+        "settings": {"target": cfg.target_name or portable_paths(cfg.target),
+                     "draft": cfg.draft_name or portable_paths(cfg.draft),
                      "n_parallel": cfg.n_parallel, "n_ctx": cfg.n_ctx, "n_ctx_seq": n_ctx_seq, "n_batch": cfg.n_batch,
                      "n_predict": cfg.n_predict, "draft_n_max": cfg.draft_n_max, "draft_n_min": cfg.draft_n_min,
                      "threads": cfg.threads or "server default", "clients": list(cfg.clients),
@@ -222,7 +224,7 @@ def run_server_benchmark(cfg: ServerBenchConfig, progress: Callable[[str], None]
                      "requests_per_client": cfg.requests_per_client or "ceil(prompts / clients)",
                      "connections": "one keep-alive connection per client",
                      "schedule": "per repeat: client counts in order, servers alternating (A B C, then C B A)"},
-        "server_commands": commands,
+        "server_commands": portable_paths(commands),
         "notes": notes,
         "rows": rows,
         "runs": runs,
