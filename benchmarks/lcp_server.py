@@ -25,6 +25,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -129,6 +130,8 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
+    # SIGTERM unwinds through the finally below, which stops every server and the load
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lcp-python", required=True)
     ap.add_argument("--lcp-server", required=True)

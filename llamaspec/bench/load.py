@@ -20,7 +20,10 @@ from dataclasses import dataclass
 
 __all__ = ["BackgroundLoad", "LoadSpec"]
 
-_BUSY = "while True:\n    pass\n"
+#: a busy loop that ends when the process that started it does (killed, crashed, or never left its ``with``):
+#: a parent that dies hands its children to another process, so ``getppid()`` changes (checked every ~10 ms)
+_BUSY = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
+         "    for _ in range(200000):\n        pass\n")
 
 
 @dataclass(frozen=True)
@@ -135,9 +138,10 @@ def _decode_forever(model: str, threads: int) -> None:  # pragma: no cover - a s
     from ..engine import Engine
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    parent = os.getppid()
     with Engine(model, n_ctx=512, n_threads=threads) as eng:
         prompt = eng.tokenize("The history of the printing press begins")
-        while True:
+        while os.getppid() == parent:  # ends with the process that started it, as _BUSY does
             eng.generate(prompt, n_predict=64)
 
 

@@ -222,18 +222,21 @@ class HttpServer:
                 self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
                                              stderr=subprocess.STDOUT, env=self.env)
             t0 = time.monotonic()
-            while time.monotonic() - t0 < timeout:
-                if self.proc.poll() is not None:
-                    last_err = self.log_tail()
-                    break
-                try:
-                    _http(self.base + self.health_path, timeout=5)
-                    return
-                except (urllib.error.URLError, OSError, ConnectionError):
-                    time.sleep(0.2)
-            else:
+            try:
+                while time.monotonic() - t0 < timeout:
+                    if self.proc.poll() is not None:
+                        last_err = self.log_tail()
+                        break
+                    try:
+                        _http(self.base + self.health_path, timeout=5)
+                        return
+                    except (urllib.error.URLError, OSError, ConnectionError):
+                        time.sleep(0.2)
+                else:
+                    raise NativeError(f"{self.label} did not become ready in {timeout:.0f} s; log: {self.log_path}")
+            except BaseException:  # not ready, Ctrl-C, SIGTERM: the process goes with the start that failed
                 self.stop()
-                raise NativeError(f"{self.label} did not become ready in {timeout:.0f} s; log: {self.log_path}")
+                raise
             if "bind" not in last_err and "address already in use" not in last_err.lower():
                 break
         raise NativeError(f"{self.label} exited at start-up: {last_err.strip()[-600:]} (log: {self.log_path})")

@@ -164,6 +164,7 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
     elif limit:
         prompts = quick_subset(prompts, limit)
     command = "llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None
+    restore = _sigterm_unwinds()
     try:
         if server_mode:
             from llamaspec.bench.server_mode import run_server_benchmark
@@ -196,9 +197,25 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
             )
             report = _with_load(load, lambda: _run_with_progress(cfg, run_benchmark, no_progress))
     finally:
+        restore()
         if tmpdir is not None:
             tmpdir.cleanup()
     _emit(report, json_path, md_path, plot_path)
+
+
+def _sigterm_unwinds():
+    """While the bench runs, SIGTERM exits through the ``finally`` blocks (status 143), so its servers, engines
+    and ``--load`` processes are stopped, as on Ctrl-C; returns the function that puts the old handler back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+    old = signal.signal(signal.SIGTERM, stop)
+    return lambda: signal.signal(signal.SIGTERM, old)
 
 
 def _given() -> Callable[[str], bool]:
