@@ -262,7 +262,9 @@ class GatedDrafter(Drafter):
                 self.inner.draft(params)
                 n_steps = max((len(dp.result) for dp in params if dp.drafting), default=0)
                 step = self.inner.last_step_ms  # (without catching the draft context up: that is no step)
-                if step is None and n_steps > 0:
+                if step is None and n_steps > 0 and not self.inner.catch_up_ms:
+                    # a drafter that does not time its steps; one that caught up and timed none records none
+                    # (the catching up, priced as a step, made the draft cost 8 target decodes: never drafted again)
                     step = (time.perf_counter() - t0) * 1e3 / n_steps
                 if step is not None and n_steps > 0:
                     self._step_ms.append(step)

@@ -75,8 +75,7 @@ class Chain:
                 raise AssertionError("draft result must be empty when drafting starts")
         if not drafting:
             return
-        for d in self.impls:
-            d.catch_up_ms = 0.0
+        self.clear_catch_up()
         for d in self.drafting_impls():
             with Timer(d.stats, "t_draft_us"):
                 d.draft(params)
@@ -104,6 +103,11 @@ class Chain:
     def catch_up_ms(self) -> float:
         """Time the last :meth:`draft` spent catching draft contexts up on committed tokens (no drafting)."""
         return sum(d.catch_up_ms for d in self.impls)
+
+    def clear_catch_up(self) -> None:
+        """Forget the last catch-up time (a round that does not draft caught nothing up)."""
+        for d in self.impls:
+            d.catch_up_ms = 0.0
 
     def accept(self, seq_id: int, n_accepted: int) -> None:
         impl = self.impl_last[seq_id]

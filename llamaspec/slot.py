@@ -248,6 +248,8 @@ class Slot:
         self.spec_ckpt.drop_sampler()
         self.spec_ckpt = Checkpoint()
         self.spec_is_replay = False
+        #: the draft context caught up on this request's prompt (its first catch-up: llamaspec.round)
+        self.draft_entered = False
         #: the request's verification rule (chosen once at submit; see llamaspec.verify.verifiers)
         self.verifier: "Verifier | None" = None
 

@@ -260,6 +260,31 @@ def test_gate_passes_the_draft_models_catch_up_time_on():
     assert dp.result and chain.catch_up_ms() == 0.0
 
 
+def test_a_step_that_only_caught_up_is_not_recorded_as_a_drafting_step():
+    """A drafter that caught its context up and could time no drafting step of its own (``last_step_ms`` None)
+    records no step: its whole time priced the draft at 8 one-row target decodes once (a 98-token prompt caught
+    up with a one-token draft), so no draft length paid and the request never drafted again. A drafter that
+    times nothing and caught nothing up still records its time per step."""
+
+    class Untimed(FakeDraft):
+        last_step_ms = None
+
+        def __init__(self, n_seq, catch_up):
+            super().__init__(n_seq, k=1)
+            self.catch_up = catch_up
+
+        def draft(self, params):
+            self.catch_up_ms = self.catch_up
+            super().draft(params)
+
+    for catch_up, recorded in ((300.0, 0), (0.0, 1)):
+        chain = AutoChain(NgramLookup(1, NgramLookupParams()), Untimed(1, catch_up), 1)
+        dp = chain.dparams[0]
+        dp.drafting, dp.n_max, dp.prompt, dp.id_last, dp.result = True, 8, (1, 2, 3), 4, []
+        chain.draft()
+        assert dp.result == [7] and len(chain.gated._step_ms) == recorded, catch_up
+
+
 def test_gate_switches_a_losing_drafter_off_and_retries():
     gated, drafted = run_gate(0, 60, {1: 10.0, 4: 16.0})
     assert gated.n_gate_off >= 1

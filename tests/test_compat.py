@@ -290,6 +290,26 @@ def test_catching_up_in_the_first_step_is_not_priced_as_drafting(tiny, monkeypat
     dm.close()
 
 
+def test_a_one_token_draft_catches_up_apart_and_times_its_step(tiny, monkeypatch):
+    """With one token to draft, the catching up does not ride with the drafting step (that would leave no step
+    to time, and the engine's price of a draft came from the whole catch-up): it is decoded first, and the step
+    is measured alone. Fake clock as above: a decode costs 1 ms plus 1 ms per row."""
+    import llamaspec.drafters.draft_model as dmod
+
+    dm = DraftModel(tiny[1], num_pred_tokens=1, adaptive=False, n_threads=1, referee=False)
+    now = [0.0]
+    monkeypatch.setattr(dmod, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0] / 1e3)}))
+    for name in ("decode", "decode_next"):
+        real = getattr(L.Context, name)
+        monkeypatch.setattr(L.Context, name, lambda self, *a, _real=real, **k:
+                            (self is dm._ctx and now.__setitem__(0, now[0] + 1.0 + len(a[0]))) or _real(self, *a, **k))
+    assert len(dm(np.array(list(range(1, 41)), dtype=np.intc))) == 1
+    ds = dm._drafter
+    assert ds.last_step_ms == pytest.approx(2.0)           # the one drafting step: one row
+    assert ds.catch_up_ms == pytest.approx(1.0 + 39)       # the 39 prompt tokens, decoded apart
+    dm.close()
+
+
 def test_draft_model_adapts_its_length(tiny):
     dm = DraftModel(tiny[1], num_pred_tokens=8, n_min=2, n_threads=1)
     dm.n = 4

@@ -295,3 +295,29 @@ def test_a_new_text_on_one_slot_looks_again_soon():
     chose = drive(ref, ref.p.retry + 1, spec_tokens=4.0, spec_s=0.02, plain_s=0.02, n_gen=1)
     assert chose[-1] and not any(chose[:-1])
     assert not any(drive(ref, ref.p.retry + 1, spec_tokens=4.0, spec_s=0.02, plain_s=0.02, n_gen=4))
+
+
+def test_a_lone_slots_first_catch_up_is_left_out_of_its_speculative_time():
+    """One slot: the draft context's first catch-up in a request (its prompt) is paid once whatever the referee
+    decides next, so it is left out of the round's time (``Round._entry_fee``); a later catch-up (after plain
+    rounds) stays in, and with several slots every catch-up stays in (new requests' prompts recur there)."""
+    from llamaspec.round import Round
+    from llamaspec.slot import Slot
+
+    class Chain:
+        ms = 300.0
+
+        def catch_up_ms(self):
+            return self.ms
+
+    rnd = Round.__new__(Round)
+    rnd.chain = Chain()
+    one, a, b = Slot(0), Slot(1), Slot(2)
+    assert rnd._entry_fee([a, b]) == 0.0                 # several slots: counted in
+    assert rnd._entry_fee([one]) == pytest.approx(0.3)   # the request's first catch-up: left out
+    assert rnd._entry_fee([one]) == 0.0                  # the next ones: counted in
+    one.reset()                                          # a new request in the slot
+    rnd.chain.ms = 0.0
+    assert rnd._entry_fee([one]) == 0.0 and not one.draft_entered  # n-gram rounds catch nothing up
+    rnd.chain.ms = 120.0
+    assert rnd._entry_fee([one]) == pytest.approx(0.12)

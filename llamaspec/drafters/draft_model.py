@@ -383,6 +383,10 @@ class DraftSimple(ModelDrafter):
             p = self.mem.pos_max(s) + 1
             rows.extend(llama.Row(t, p + j, s, False) for j, t in enumerate(dp.prompt[p:dp.pos0]))
         cut = max(0, len(rows) - (self.ctx_dft.n_batch - len(active)))
+        if max(min(self.n_max, params[s].n_max) if params[s].n_max > 0 else self.n_max for s in active) <= 1:
+            # a one-step draft that carried them would leave no drafting step to time (the cost a draft
+            # length is chosen by): decoded apart, so that one step is measured
+            cut = len(rows)
         ok = self._logged("catching the draft context up", lambda: self._decode_chunks(self._dft_rows(rows[:cut])))
         return rows[cut:] if ok else None
 
