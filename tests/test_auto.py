@@ -476,3 +476,28 @@ def test_cli_bad_auto_flags(tiny_model, flags, msg):
     r = CliRunner().invoke(main, ["generate", "x", "-m", str(tiny_model("llama")), "-n", "4"] + flags)
     assert r.exit_code == 2, r.output
     assert msg in r.output and "Traceback" not in r.output
+
+
+def test_a_copy_blocked_by_the_other_drafters_gain_is_scored_against_what_was_committed():
+    """With a draft model in the chain a copy must beat the model's expected gain; a copy the drafter-wide prior
+    says loses is not drafted, and without drafting it the request never learned how well the text copies
+    itself. The blocked copy is kept as a shadow and scored against the tokens committed instead: as many
+    accepted as agree with it (the target's next token included)."""
+    text = list(range(100, 160))
+    hist = text + text[:3]
+    d = NgramLookup(1, NgramLookupParams(n_max=16))
+    d.begin(0, hist)
+    d.gain_floor = lambda seq_id: 50.0  # nothing beats this: every copy is blocked
+    assert one_draft(d, hist[:-1], hist[-1], 16) == [] and d.n_shadow == 1
+    st = d._slots[0]
+    b, at, shadow = st.shadow
+    assert at == len(hist) and shadow == text[3:3 + len(shadow)] and len(shadow) > 2
+    before = st.counts.p1_n[b], st.counts.q_a[b]
+    # the model's round: its draft of two tokens accepted, the target's correction differs from the copy
+    hist += [text[3], text[4]]
+    wrong = 7
+    one_draft(d, hist, wrong, 16)
+    assert st.counts.p1_n[b] == pytest.approx(before[0] * d.params.decay + 1.0)
+    assert st.counts.q_a[b] == pytest.approx(before[1] * d.params.decay + 1.0)  # 2 accepted: 1 past the first
+
+

@@ -321,3 +321,16 @@ def test_a_lone_slots_first_catch_up_is_left_out_of_its_speculative_time():
     assert rnd._entry_fee([one]) == 0.0 and not one.draft_entered  # n-gram rounds catch nothing up
     rnd.chain.ms = 120.0
     assert rnd._entry_fee([one]) == pytest.approx(0.12)
+
+
+def test_a_new_text_starts_from_the_first_arm():
+    """Which arm wins (n-gram copies then the model, or the model alone) depends on how the text copies itself:
+    a lone slot's next request starts from the first arm again (it still gives the model every round the
+    copies do not beat it)."""
+    r = Referee(arms=("all", "model"))
+    r.best_arm = r.arm = "model"
+    r.new_text(1)
+    assert r.best_arm == r.arm == "all"
+    r._arm_probe, r.arm = True, "model"      # an arm probe under way is left alone
+    r.new_text(1)
+    assert r.arm == "model" and r._arm_probe

@@ -104,7 +104,7 @@ def best_length_table(p1: float, q: float, vt: Sequence[float], k_max: int, floo
 class _Slot:
     """One sequence's history, its n-gram index and its acceptance counts."""
 
-    __slots__ = ("toks", "idx", "counts", "last_bucket", "last_k", "explorer", "k_lim", "miss", "cal")
+    __slots__ = ("toks", "idx", "counts", "last_bucket", "last_k", "explorer", "k_lim", "miss", "cal", "shadow")
 
     def __init__(self, key_max: int, k_lim: int = 0, explore_every: int = 8):
         self.toks: list[int] = []
@@ -119,6 +119,9 @@ class _Slot:
         self.k_lim = k_lim  # the longest draft this slot may risk now (0 = no limit)
         self.miss = [0] * nb  # per bucket: drafts in a row whose first token failed
         self.cal = Calibration()  # this slot's copies against the drafter-wide prior (every bucket's)
+        #: a copy not drafted because another drafter's draft was expected to do better: (bucket, where its first
+        #: token would sit in ``toks``, the copy); scored against what was committed instead (:meth:`score_shadow`)
+        self.shadow: "tuple[int, int, list[int]] | None" = None
 
     # -- index ----------------------------------------------------------------------------------
     def build(self, tokens: Sequence[int]) -> None:
@@ -201,6 +204,21 @@ class _Slot:
             out.append(out[len(out) - period])
         return out[:k]
 
+    def score_shadow(self, prompt: Sequence[int], id_last: int, decay: float) -> None:
+        """Count the copy that was not drafted as if it had been: the tokens committed since agree with it for
+        as many tokens as it would have had accepted (or more, where the target's correction token matches
+        too: counted at that, the low side). Without it a copy that loses once to a draft model's expected
+        gain on the drafter-wide prior is never drafted again in the request, however well it would copy."""
+        b, at, draft = self.shadow
+        self.shadow = None
+        new = list(prompt[at:at + len(draft)])
+        if len(new) < len(draft):
+            new.append(id_last)
+        n_acc = 0
+        while n_acc < min(len(new), len(draft)) and new[n_acc] == draft[n_acc]:
+            n_acc += 1
+        self.counts.observe(b, len(draft), n_acc, decay)
+
     # -- acceptance counts ------------------------------------------------------------------------
     def rates(self, b: int, prior: tuple[float, float], w: float) -> tuple[float, float]:
         """Bucket ``b``'s ``(p1, q)``: its counts shrunk toward the bucket's drafter-wide ``prior`` as the slot's
@@ -246,6 +264,8 @@ class NgramLookup(Drafter):
         self.skips: dict[str, int] = {"no-match": 0, "not-paying": 0}
         #: short drafts tried where none was expected to pay (to look again)
         self.n_explore = 0
+        #: copies scored without being drafted (another drafter was expected to do better: _Slot.score_shadow)
+        self.n_shadow = 0
         #: the shared pool of every request's sequences (:mod:`llamaspec.drafters.ngram_pool`; None: off)
         #: (a short match in everything the server saw is likelier chance than one in the request's own text:
         #: its prior starts at half the own one until the pool's drafts have been measured)
@@ -304,6 +324,11 @@ class NgramLookup(Drafter):
             st = self._slots[seq_id]
             st.last_bucket, st.last_k = -1, 0
             st.sync(dp.prompt)
+            if st.shadow is not None:
+                if st.shadow[1] < len(st.toks):  # something was committed since: score it
+                    st.score_shadow(st.toks, dp.id_last, p.decay)
+                else:
+                    st.shadow = None
             if self.pool is not None:
                 self.pool.sync(seq_id, st.toks)
             k_cap = self.n_max if dp.n_max < 0 else min(self.n_max, dp.n_max)
@@ -326,7 +351,13 @@ class NgramLookup(Drafter):
                     hit, b = (hit, bp) if k > 0 or e < 0 else (None, b)
                 if hit is None:
                     p1, q = st.rates(b, self._prior.mean(b), p.prior_weight)
-                    k = best_length_table(p1, q, self._cost_table(n_slots), k_cap, floor=self.gain_floor(seq_id))
+                    vt, floor = self._cost_table(n_slots), self.gain_floor(seq_id)
+                    k = best_length_table(p1, q, vt, k_cap, floor=floor)
+                    if k == 0 and floor > 1.0:
+                        k_plain = best_length_table(p1, q, vt, k_cap)
+                        if k_plain > 0:  # it would beat a plain step: learn what it would have done
+                            st.shadow = (b, len(st.toks) + 1, st.copy(e, dp.id_last, k_plain))
+                            self.n_shadow += 1
                     if st.miss[b] >= MISS_STREAK:
                         k = min(k, MISS_CAP)
                 if k == 0:
