@@ -35,8 +35,7 @@ def portable_paths(value, cache: str | None = None, home: str | None = None, cwd
     home = os.path.expanduser("~") if home is None else home
     cwd = os.getcwd() if cwd is None else cwd
     default_cache = os.path.join(home, ".cache", "llamaspec")
-    subs = [(cache.rstrip("/") + "/", "~/.cache/llamaspec/" if cache.rstrip("/") == default_cache
-             else "$LLAMASPEC_CACHE/")]
+    subs = [(cache.rstrip("/") + "/", "~/.cache/llamaspec/" if cache.rstrip("/") == default_cache else "$LLAMASPEC_CACHE/")]
     subs += [(d.rstrip("/") + "/", new) for d, new in ((cwd, ""), (home, "~/")) if len(d.rstrip("/")) > 1]
     subs.sort(key=lambda x: -len(x[0]))  # the longest prefix first (a cache or checkout inside the home)
 
