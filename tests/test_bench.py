@@ -572,3 +572,16 @@ def test_keep_alive_client_reconnects_and_reports_errors():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.mark.parametrize("script", ["best_fixed_ratio.py"])
+def test_script_doctests(script):
+    """The report scripts' worked examples (best_fixed_ratio: decode against whole-request rates) hold."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / script
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = doctest.testmod(mod)
+    assert res.attempted > 0 and res.failed == 0
