@@ -25,7 +25,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import time
 from pathlib import Path
 
 from llamaspec import models
-from llamaspec.bench.load import BackgroundLoad, LoadSpec
+from llamaspec.bench.load import BackgroundLoad, LoadSpec, sigterm_unwinds
 from llamaspec.bench.execute import machine_info
 from llamaspec.bench.prompts import load_prompts, quick_subset
 from llamaspec.bench.native import HttpServer
@@ -130,8 +129,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    # SIGTERM unwinds through the finally below, which stops every server and the load
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    sigterm_unwinds()  # through the finally below, which stops every server and the load
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lcp-python", required=True)
     ap.add_argument("--lcp-server", required=True)

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-__all__ = ["BackgroundLoad", "LoadSpec"]
+__all__ = ["BackgroundLoad", "LoadSpec", "sigterm_unwinds"]
 
 #: a busy loop that ends when the process that started it does (killed, crashed, or never left its ``with``):
 #: a parent that dies hands its children to another process, so ``getppid()`` changes (checked every ~10 ms)
@@ -145,5 +145,21 @@ def _decode_forever(model: str, threads: int) -> None:  # pragma: no cover - a s
             eng.generate(prompt, n_predict=64)
 
 
+def sigterm_unwinds():
+    """While the bench runs, SIGTERM exits through the ``finally`` blocks (status 143), so its servers, engines
+    and ``--load`` processes are stopped, as on Ctrl-C (``llamaspec bench``, benchmarks/lcp_server.py); returns
+    the function that puts the old handler back."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+    old = signal.signal(signal.SIGTERM, stop)
+    return lambda: signal.signal(signal.SIGTERM, old)
+
+
 if __name__ == "__main__":  # pragma: no cover
     _decode_forever(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+

@@ -164,7 +164,9 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
     elif limit:
         prompts = quick_subset(prompts, limit)
     command = "llamaspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else None
-    restore = _sigterm_unwinds()
+    from llamaspec.bench.load import sigterm_unwinds
+
+    restore = sigterm_unwinds()
     try:
         if server_mode:
             from llamaspec.bench.server_mode import run_server_benchmark
@@ -201,21 +203,6 @@ def bench(quick, server_mode, clients, requests_per_client, sweep, server_varian
         if tmpdir is not None:
             tmpdir.cleanup()
     _emit(report, json_path, md_path, plot_path)
-
-
-def _sigterm_unwinds():
-    """While the bench runs, SIGTERM exits through the ``finally`` blocks (status 143), so its servers, engines
-    and ``--load`` processes are stopped, as on Ctrl-C; returns the function that puts the old handler back."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
-    old = signal.signal(signal.SIGTERM, stop)
-    return lambda: signal.signal(signal.SIGTERM, old)
 
 
 def _given() -> Callable[[str], bool]:
