@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -149,8 +150,6 @@ def sigterm_unwinds():
     """While the bench runs, SIGTERM exits through the ``finally`` blocks (status 143), so its servers, engines
     and ``--load`` processes are stopped, as on Ctrl-C (``llamaspec bench``, benchmarks/lcp_server.py); returns
     the function that puts the old handler back."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
@@ -162,4 +161,3 @@ def sigterm_unwinds():
 
 if __name__ == "__main__":  # pragma: no cover
     _decode_forever(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)
-
