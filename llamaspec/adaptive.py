@@ -222,6 +222,9 @@ class CostModel:
         #: FULL / RS targets: time of a speculative checkpoint (state save) and of a restore (reload + trim)
         self.checkpoint_ms: float | None = None
         self.restore_ms: float | None = None
+        #: time of one row of a target prompt batch (a catch-up of the draft context is priced from it until the
+        #: draft model measured its own)
+        self.prompt_row_ms: float | None = None
 
     def _ema(self, old: float | None, new: float) -> float:
         """The moving average; one sample moves it at most by a factor of 3 (a decode that waited for a busy
@@ -234,6 +237,15 @@ class CostModel:
             return new
         new = min(max(new, old / 3.0), old * 3.0)
         return old + self.alpha * (new - old)
+
+    def add_prompt(self, n_rows: int, ms: float) -> None:
+        """A target decode of ``n_rows`` rows that were mostly a prompt's took ``ms``.
+
+        >>> m = CostModel(); m.add_prompt(100, 500.0); m.prompt_row_ms
+        5.0
+        """
+        if n_rows > 0:
+            self.prompt_row_ms = self._ema(self.prompt_row_ms, ms / n_rows)
 
     def add_checkpoint(self, ms: float) -> None:
         self.checkpoint_ms = self._ema(self.checkpoint_ms, ms)

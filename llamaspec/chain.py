@@ -39,6 +39,9 @@ class Chain:
     def types(self) -> list[str]:
         return [d.type for d in self.impls]
 
+    #: generating slots in the round that drafts next (the draft phase sets it: a catch-up stalls all of them)
+    n_gen: int = 1
+
     #: the ways this chain can speculate, each an arm of the referee's (llamaspec.referee); one here
     arms: tuple[str, ...] = ("spec",)
 
@@ -128,14 +131,14 @@ class Chain:
 
     # -- the round's requests (the round never writes the per-sequence DraftParams itself) ------------
     def request_draft(self, seq_id: int, n_max: int, pos0: int, id_last: int, prompt: Sequence[int],
-                      n_min: int | None = None, p_min: float | None = None) -> None:
+                      n_min: int | None = None, p_min: float | None = None, n_left: int = -1) -> None:
         """Ask for a draft of at most ``n_max`` tokens for ``seq_id`` at the next :meth:`draft`: ``prompt``
         holds the ``pos0`` committed tokens, ``id_last`` the sampled token not yet decoded; ``n_min`` /
         ``p_min`` are a request's own settings (None: the drafter's)."""
         dp = self.dparams[seq_id]
         dp.drafting, dp.n_max, dp.pos0, dp.id_last = True, n_max, pos0, id_last
         dp.prompt, dp.result, dp.probs = tuple(prompt), [], None
-        dp.n_min, dp.p_min = n_min, p_min
+        dp.n_min, dp.p_min, dp.n_left = n_min, p_min, n_left
 
     def result(self, seq_id: int) -> "tuple[list[int], list | None]":
         """The draft the last :meth:`draft` made for ``seq_id``: its tokens and, from a drafter that sampled

@@ -68,6 +68,7 @@ class DraftPhase:
             drafting.append(s)
         if not allow:
             return []
+        chain.n_gen = len(gen)
         for s, n_max, skipped in self.budget.lengths(drafting):
             if skipped:
                 s.stats.n_draft_skipped += 1
@@ -81,7 +82,7 @@ class DraftPhase:
                 continue
             req = s.options.speculative
             n_min, p_min = (req.n_min, req.p_min) if req is not None else (None, None)
-            chain.request_draft(s.seq_id, n_max, s.n_past, s.sampled, s.tokens, n_min, p_min)
+            chain.request_draft(s.seq_id, n_max, s.n_past, s.sampled, s.tokens, n_min, p_min, s.n_remaining)
             asked.append((s, n_max, n_min, p_min))
         requested = [a[0] for a in asked]
         if not requested:
@@ -107,7 +108,7 @@ class DraftPhase:
         for s, *_ in asked:
             chain.reset(s.seq_id)
         for s, n_max, n_min, p_min in asked:
-            chain.request_draft(s.seq_id, n_max, s.n_past, s.sampled, s.tokens, n_min, p_min)
+            chain.request_draft(s.seq_id, n_max, s.n_past, s.sampled, s.tokens, n_min, p_min, s.n_remaining)
             try:
                 if not self.rollback_dft.recover(s.seq_id, s.n_past, s.spec_ckpt):  # drop the failed batch's rows
                     raise MemoryOpError(f"slot {s.id}: the draft memory could not be restored after a failed draft")

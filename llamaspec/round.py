@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .referee import Referee
 
 log = logging.getLogger("llamaspec")
+#: a decode of at least this many rows that are not all outputs times a prompt row (the cost model's prompt_row_ms)
+PROMPT_ROWS = 32
 _GENERATING, _PROMPT = SlotState.GENERATING, SlotState.PROMPT  # read per slot per round: a global is cheaper
 
 
@@ -170,6 +172,8 @@ class Round:
             # on an asynchronous backend (CUDA, Metal) decode returns before the work is done: time the work
             self.ctx.wait_for_outputs()
             self.cost_model.add_decode(n_rows, (time.perf_counter() - t0) * 1e3)
+        elif n_rows >= PROMPT_ROWS and self.cost_model is not None:  # a prompt chunk: what a prompt row costs
+            self.cost_model.add_prompt(n_rows, (time.perf_counter() - t0) * 1e3)
         self.counters.n_decode += 1
         self.counters.n_busy_slots += n_seqs
 

@@ -368,6 +368,76 @@ def test_gate_slow_window_does_not_erase_acceptance():
     assert gated.expected_gain(0) == pytest.approx(before, rel=0.05)
 
 
+class Behind(FakeDraft):
+    """A draft model whose context lacks ``behind[seq]`` committed tokens of each sequence."""
+
+    def __init__(self, n_seq: int, behind: list[int]):
+        super().__init__(n_seq, k=4)
+        self.behind = behind
+        self.asked_for: list[int] = []
+
+    def pending(self, seq_id, pos0):
+        return self.behind[seq_id]
+
+    def draft(self, params):
+        self.asked_for = [s for s, dp in enumerate(params) if dp.drafting]
+        super().draft(params)
+
+
+def ask_all(chain: AutoChain, n_gen: int, n_left: int = 64) -> list[int]:
+    """One chain.draft() in a round of ``n_gen`` generating slots, every sequence asking; the seqs the draft
+    model was asked for."""
+    chain.n_gen = n_gen
+    for s, dp in enumerate(chain.dparams):
+        dp.drafting, dp.n_max, dp.prompt, dp.id_last, dp.result, dp.n_left = True, 8, (), 4, [], n_left
+        dp.pos0 = 200
+    chain.gated.inner.asked_for = []
+    chain.draft()
+    return chain.gated.inner.asked_for
+
+
+def test_a_batch_does_not_catch_the_draft_model_up_where_it_cannot_pay():
+    """Several slots generating: a slot whose draft context lacks its prompt drafts with the model only when
+    the catch-up (it stalls the whole batch) costs less than what the model's drafts save over the tokens the
+    request has left. (Stop 46: 8 new prompts on 8 slots under load caught up ~1,000 tokens in the first rounds,
+    9 s against 12.5 s for the whole wave decoded plainly: 0.75 of llama-server.) A lone slot always catches up."""
+    behind = [125] * 7 + [0]
+    chain = AutoChain(NgramLookup(8, NgramLookupParams()), Behind(8, behind), 8)
+    chain.cost.add_decode(1, 10.0)
+    chain.cost.add_decode(16, 30.0)
+    chain.cost.add_prompt(512, 512 * 5.0)           # a prompt row: 5 ms (the draft is the target's size)
+    assert chain.gated.catch_up_row_ms() == 5.0
+    assert ask_all(chain, 8) == [7]                 # nothing measured: the slot already caught up measures
+    chain.gated.inner.behind = [125] * 8
+    assert ask_all(chain, 8) == [0]                 # ... or the one with the least to catch up
+    for _ in range(4):
+        chain.gated.overall.record(4.0, 4)          # 3 of 4 drafted tokens accepted
+    chain.gated.inner.behind = behind
+    assert ask_all(chain, 8) == [7]                 # 625 ms of catch-up for ~7 ms saved over 64 tokens
+    assert chain.gated.n_catch_up_skipped >= 7
+    assert chain.gated.expected_gain(0) == 1.0      # the n-gram copies need only beat plain there
+    assert ask_all(chain, 1) == list(range(8))      # a lone slot: its entry fee
+    assert ask_all(chain, 2, n_left=10_000) == list(range(8))   # a long request pays it back
+    chain.gated.inner.behind = [2] * 8              # a few tokens behind (plain rounds): not priced
+    assert ask_all(chain, 8) == list(range(8))
+
+
+def test_a_catch_up_is_priced_from_what_the_draft_model_measured():
+    """The draft context's own catch-ups (time per row) replace the prior from the target's prompt rows."""
+
+    class Measured(Behind):
+        def draft(self, params):
+            super().draft(params)
+            self.catch_up_rows, self.catch_up_ms = 100, 50.0
+
+    chain = AutoChain(NgramLookup(2, NgramLookupParams()), Measured(2, [0, 0]), 2)
+    chain.cost.add_decode(1, 10.0)
+    chain.cost.add_prompt(512, 512 * 5.0)
+    assert chain.gated.catch_up_row_ms() == 5.0
+    ask_all(chain, 2)
+    assert chain.gated.catch_up_row_ms() == 0.5
+
+
 # -- params ---------------------------------------------------------------------------------------------
 
 def test_params_auto():

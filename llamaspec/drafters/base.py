@@ -32,6 +32,8 @@ class DraftParams:
     #: per-request overrides of the drafter's own ``n_min`` / ``p_min`` (None = the drafter's setting)
     n_min: int | None = None
     p_min: float | None = None
+    #: tokens the request may still generate (``n_predict`` less what it generated; -1: not bounded)
+    n_left: int = -1
 
     def n_min_or(self, default: int) -> int:
         """The request's ``n_min``, else the drafter's ``default``."""
@@ -71,6 +73,11 @@ class Drafter:
     #: time the last draft() spent catching its context up on committed tokens (not drafting: the cost model
     #: leaves it out of a draft's price)
     catch_up_ms: float = 0.0
+    #: rows the last draft() caught its context up on (with ``catch_up_ms``: what a row of catching up costs)
+    catch_up_rows: int = 0
+    #: the drafter's prompt rows cost about this many times the target's (draft models: their parameters over
+    #: the target's, a prompt row being compute-bound)
+    prompt_cost_ratio: float = 1.0
 
     def __init__(self, n_seq: int):
         self.n_seq = n_seq
@@ -99,6 +106,12 @@ class Drafter:
         """The draft of one sequence (what the default :meth:`draft` asks of a drafter that drafts them one by
         one): the tokens after ``prompt + [id_last]``."""
         raise NotImplementedError
+
+    def pending(self, seq_id: int, pos0: int) -> int:
+        """Committed tokens (of the ``pos0`` before ``id_last``) that the drafter's context must decode before it
+        can draft for ``seq_id``: rounds it did not draft in, or a new prompt (draft models with ``reuse_kv``);
+        0 by default."""
+        return 0
 
     def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
         """Feedback after verification; ``is_other`` = another implementation produced the draft."""

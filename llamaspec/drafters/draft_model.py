@@ -136,6 +136,9 @@ class ModelDrafter(Drafter):
         self.params, self.ctx_tgt, self.ctx_dft, self.n_max = params, ctx_tgt, ctx_dft, params.n_max
         self.mem = SeqMemory(ctx_dft)
         self._suppress = suppress_array(ctx_dft.model.vocab.suppress_tokens)
+        n_tgt, n_dft = ctx_tgt.model.n_params, ctx_dft.model.n_params
+        if n_tgt > 0 and n_dft > 0:
+            self.prompt_cost_ratio = n_dft / n_tgt
 
     def _check_begin(self, seq_id: int, prompt: Sequence[int], lag: int = 1) -> None:
         """At ``begin``: the draft context must hold the prompt but its last ``lag`` tokens (else a warning:
@@ -373,6 +376,10 @@ class DraftSimple(ModelDrafter):
             self._drafted.discard(seq)
         return out
 
+    def pending(self, seq_id: int, pos0: int) -> int:
+        """With ``reuse_kv``, the committed tokens the draft context lacks (a new prompt, rounds it did not draft)."""
+        return max(0, pos0 - self.mem.pos_max(seq_id) - 1) if self.reuse_kv else 0
+
     def _catch_up(self, params: Sequence[DraftParams], active: list[int]) -> "list[llama.Row] | None":
         """The committed tokens the draft context misses (rounds it did not draft), in one batched pass before
         drafting; the last of them, as many as fit beside the ``id_last`` rows, are returned to ride with the
@@ -382,6 +389,7 @@ class DraftSimple(ModelDrafter):
             dp = params[s]
             p = self.mem.pos_max(s) + 1
             rows.extend(llama.Row(t, p + j, s, False) for j, t in enumerate(dp.prompt[p:dp.pos0]))
+        self.catch_up_rows = len(rows)
         cut = max(0, len(rows) - (self.ctx_dft.n_batch - len(active)))
         if max(min(self.n_max, params[s].n_max) if params[s].n_max > 0 else self.n_max for s in active) <= 1:
             # a one-step draft that carried them would leave no drafting step to time (the cost a draft
@@ -399,6 +407,7 @@ class DraftSimple(ModelDrafter):
         for s in active:
             self._decoded[s] = None
         t0 = time.perf_counter()
+        self.catch_up_rows = 0
         lead = self._catch_up(params, active) if self.reuse_kv else []
         self.catch_up_ms = (time.perf_counter() - t0) * 1e3
         if lead is None:
