@@ -16,6 +16,10 @@ when there is one. Speculation that loses is switched off for that slot and trie
   for the slot for ``backoff`` rounds, doubling each time it fails again (up to ``backoff_max``, 32 rounds),
   back to the start value when it pays. Whether speculating pays at all under the machine's current load is
   the referee's question (:mod:`llamaspec.referee`: delivered tokens per second against plain rounds).
+* **Catching up.** The draft context mirrors only the batches that verify its own drafts, so a new prompt (or
+  rounds it did not draft in) must be decoded into it before it drafts again. With several slots generating,
+  that catch-up stalls the whole batch: a slot drafts with the model only when its catch-up costs less than
+  what the model's drafts save it over the tokens its request has left (:mod:`llamaspec.catch_up`).
 * ``ngram-lookup`` gates itself the same way at each lookup (its expected gain from its per-slot acceptance
   by match length and the same ``v(k)``); it gets the cost model of the auto chain. With a draft model after
   it, its draft must beat the draft model's expected gain on that slot (the slot's own measure, or every
@@ -24,8 +28,8 @@ when there is one. Speculation that loses is switched off for that slot and trie
   (a failed long copy costs a round the draft model would have used well).
 
 The statistics (``stats_dicts`` / ``stats_lines``) add, per drafter, why it did not draft: ``no-match`` /
-``not-paying`` (ngram-lookup) and ``gated`` rounds, ``n_gate_off`` (times it was switched off) and the last
-measured gain (draft model).
+``not-paying`` (ngram-lookup) and ``gated`` rounds, ``n_gate_off`` (times it was switched off),
+``catch_up_skipped`` (slot rounds whose catch-up did not pay) and the last measured gain (draft model).
 
 >>> g = SlotGate()
 >>> for _ in range(4):
@@ -43,6 +47,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from . import catch_up
 from .adaptive import CostModel, DraftLengthController
 from .chain import Chain
 from .drafters.base import DraftParams, Drafter
@@ -73,10 +78,6 @@ class GateParams:
 
 #: rounds of drafting time and ``process`` time whose median prices a drafted token (robust to a slow round)
 COST_WINDOW = 16
-#: the tokens a request without a limit is taken to have left when its catch-up is priced
-UNBOUNDED_LEFT = 256
-#: a catch-up costing less than this share of a plain round is not priced (the gate decides as usual)
-CATCH_UP_FREE = 0.5
 
 
 class SlotGate:
@@ -162,7 +163,7 @@ class GatedDrafter(Drafter):
         #: generating slots in this round (the chain's, set before each draft)
         self.n_gen = 1
         #: the last COST_WINDOW catch-ups' time per row (ms), and the slots whose catch-up did not pay last round
-        self._row_ms: deque[float] = deque(maxlen=COST_WINDOW)
+        self.row_ms: deque[float] = deque(maxlen=COST_WINDOW)
         self._no_catch_up = [False] * inner.n_seq
         self.n_catch_up_skipped = 0
 
@@ -245,81 +246,6 @@ class GatedDrafter(Drafter):
         v = cm.verify_cost(lo) + (k - lo) * (cm.verify_cost(lo + 1) - cm.verify_cost(lo)) if k > lo else cm.verify_cost(lo)
         return v + k * self.draft_cost() + ((self.t_process_ms / base) if base else 0.0)
 
-    # -- the price of catching up ----------------------------------------------------------------------
-    def catch_up_row_ms(self) -> float | None:
-        """What one committed token costs the draft context to catch up on: the median of its last catch-ups
-        per row, else the target's prompt row scaled by the draft's size (:attr:`Drafter.prompt_cost_ratio`),
-        else None (nothing measured)."""
-        if self._row_ms:
-            return _median_ms(self._row_ms)
-        row = self.cost.prompt_row_ms
-        return None if row is None else row * self.inner.prompt_cost_ratio
-
-    def batch_gain(self, seq_id: int, n_gen: int, n_drafting: int) -> float | None:
-        """The gain (tokens per unit of time against plain decoding) of the model's drafts for ``seq_id`` in a
-        round of ``n_gen`` generating slots, ``n_drafting`` of them drafting together: its tokens per round
-        (the slot's own mean once judged, else every slot's) over its share of the round, a plain round's
-        ``v(n_gen - 1) / n_gen`` plus the rows its draft adds to the batch's verification and its share of the
-        batched drafting steps. None while no draft of the model was verified.
-
-        >>> from llamaspec.adaptive import CostModel
-        >>> g = GatedDrafter(type("D", (Drafter,), {"type": "draft-simple"})(2), CostModel(), GateParams())
-        >>> g.cost.add_decode(1, 10.0); g.cost.add_decode(16, 30.0)
-        >>> g.batch_gain(0, 1, 1) is None
-        True
-        >>> for _ in range(4):
-        ...     g.overall.record(4.0, 4)          # 3 of 4 drafted tokens accepted
-        >>> round(g.batch_gain(0, 1, 1), 2), round(g.batch_gain(0, 8, 8), 2)   # alone, and in a batch of 8
-        (1.46, 1.05)
-        """
-        g = self.gates[seq_id]
-        src = g if g.n_rounds >= self.gate.min_rounds else self.overall
-        if src.weight <= 0:
-            return None
-        e, k = src.tokens / src.weight, max(1, round(src.drafted / src.weight))
-        cm = self.cost
-        share = cm.verify_cost(n_gen - 1) / n_gen
-        extra = cm.verify_cost(n_gen - 1 + k) - cm.verify_cost(n_gen - 1) + k * self.draft_cost() / max(n_drafting, 1)
-        return e * share / (share + extra)
-
-    def _catch_up_pays(self, params: Sequence[DraftParams]) -> list[int]:
-        """The slots of a round of several generating slots whose draft context is too far behind to catch up:
-        its catch-up (the tokens it lacks, times :meth:`catch_up_row_ms`) stalls every slot of the batch, and
-        it must cost less than what the model's drafts save the slot over the tokens it may still generate
-        (``n_left``; ``UNBOUNDED_LEFT`` without a limit) at :meth:`batch_gain`. (Counted in, 8 new prompts on
-        8 slots under load caught up ~1,000 tokens in the first rounds: 9 s, where the whole wave of 64 tokens
-        each took 12.5 s plainly.) A lone slot always catches up (its first catch-up is the referee's entry
-        fee; alone, the model's drafts paid 1.5-2x of plain with it); a catch-up below ``CATCH_UP_FREE`` of
-        a plain round is not priced; while no draft of the model was verified, only the slot with the least
-        to catch up drafts with it, to measure."""
-        n_gen = self.n_gen
-        base = self.cost.base_ms()
-        row_ms = self.catch_up_row_ms()
-        if n_gen < 2 or not base or row_ms is None:
-            return []
-        asking = [s for s, dp in enumerate(params) if dp.drafting]
-        pend = {s: self.inner.pending(s, params[s].pos0) for s in asking}
-        round_ms = self.cost.verify_cost(n_gen - 1) * base
-        skip: list[int] = []
-        explored = False
-        for s in sorted(asking, key=lambda q: pend[q]):
-            cost_ms = pend[s] * row_ms
-            if cost_ms <= CATCH_UP_FREE * round_ms:
-                explored = True  # (caught up: it measures)
-                continue
-            gain = self.batch_gain(s, n_gen, len(asking))
-            if gain is None:
-                if not explored:
-                    explored = True
-                    continue
-                skip.append(s)
-                continue
-            left = params[s].n_left if params[s].n_left >= 0 else UNBOUNDED_LEFT
-            saved_ms = left * round_ms / n_gen * max(0.0, 1.0 - 1.0 / gain)
-            if cost_ms > saved_ms:
-                skip.append(s)
-        return skip
-
     def draft(self, params: Sequence[DraftParams]) -> None:
         off = []
         n_max_was: dict[int, int] = {}
@@ -342,7 +268,7 @@ class GatedDrafter(Drafter):
                 off.append(dp)
             elif k != dp.n_max:
                 n_max_was[seq_id], dp.n_max = dp.n_max, k
-        skip = set(self._catch_up_pays(params))
+        skip = set(catch_up.not_paying(self, params))
         for seq_id, dp in enumerate(params):
             if dp.drafting:
                 self._no_catch_up[seq_id] = seq_id in skip
@@ -363,7 +289,7 @@ class GatedDrafter(Drafter):
                 if step is not None and n_steps > 0:
                     self._step_ms.append(step)
                 if self.inner.catch_up_rows >= 16 and self.inner.catch_up_ms > 0:
-                    self._row_ms.append(self.inner.catch_up_ms / self.inner.catch_up_rows)
+                    self.row_ms.append(self.inner.catch_up_ms / self.inner.catch_up_rows)
         finally:
             for dp in off:
                 dp.drafting = True  # the chain sees an empty result: "no draft from this drafter"

@@ -17,7 +17,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 def serve(repos: "dict[str, dict[str, bytes]]") -> "tuple[ThreadingHTTPServer, str]":
     """Serve ``{"owner/name": {"path/in/repo": bytes}}`` on a free port: ``(server, base URL)``; call
-    ``server.shutdown()`` when done."""
+    ``server.shutdown()`` and ``server.server_close()`` when done."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # quiet

@@ -12,6 +12,7 @@ import random
 import pytest
 from click.testing import CliRunner
 
+from llamaspec import catch_up
 from llamaspec.cli.main import main
 from llamaspec.auto import AUTO_NGRAM_K_START, AutoChain, GatedDrafter, SlotGate
 from llamaspec.drafters.base import DraftParams, Drafter
@@ -406,7 +407,7 @@ def test_a_batch_does_not_catch_the_draft_model_up_where_it_cannot_pay():
     chain.cost.add_decode(1, 10.0)
     chain.cost.add_decode(16, 30.0)
     chain.cost.add_prompt(512, 512 * 5.0)           # a prompt row: 5 ms (the draft is the target's size)
-    assert chain.gated.catch_up_row_ms() == 5.0
+    assert catch_up.row_ms(chain.gated) == 5.0
     assert ask_all(chain, 8) == [7]                 # nothing measured: the slot already caught up measures
     chain.gated.inner.behind = [125] * 8
     assert ask_all(chain, 8) == [0]                 # ... or the one with the least to catch up
@@ -433,9 +434,9 @@ def test_a_catch_up_is_priced_from_what_the_draft_model_measured():
     chain = AutoChain(NgramLookup(2, NgramLookupParams()), Measured(2, [0, 0]), 2)
     chain.cost.add_decode(1, 10.0)
     chain.cost.add_prompt(512, 512 * 5.0)
-    assert chain.gated.catch_up_row_ms() == 5.0
+    assert catch_up.row_ms(chain.gated) == 5.0
     ask_all(chain, 2)
-    assert chain.gated.catch_up_row_ms() == 0.5
+    assert catch_up.row_ms(chain.gated) == 0.5
 
 
 # -- params ---------------------------------------------------------------------------------------------

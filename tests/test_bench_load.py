@@ -97,6 +97,7 @@ def test_the_load_ends_with_the_process_that_started_it():
     finally:
         p.kill()
         p.wait()
+        p.stdout.close()
     assert all(_gone(x, 10.0) for x in pids)
 
 
@@ -129,4 +130,5 @@ def test_sigterm_stops_the_bench_with_its_servers_and_load():
         if p.poll() is None:
             p.kill()
             p.wait()
+        p.stderr.close()
     assert all(_gone(x, 5.0) for x in kids), kids

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -471,7 +472,7 @@ def test_from_pretrained_downloads_through_huggingface_hub(tiny, tmp_path):
 
     from fake_hub import serve
 
-    data = open(tiny[0], "rb").read()
+    data = Path(tiny[0]).read_bytes()
     srv, url = serve({"someone/tiny-GGUF": {"tiny-Q8_0.gguf": data, "sub/tiny-F32.gguf": data, "README.md": b"hi"}})
     code = ("import json; from llamaspec import Llama\n"
             "a = Llama.from_pretrained('someone/tiny-GGUF', '*Q8_0.gguf', n_ctx=64, verbose=False, n_threads=1)\n"
@@ -487,9 +488,10 @@ def test_from_pretrained_downloads_through_huggingface_hub(tiny, tmp_path):
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     finally:
         srv.shutdown()
+        srv.server_close()
     assert r.returncode == 0, r.stderr[-2000:]
     a, b, usage, errors = json.loads(r.stdout.splitlines()[-1])
     assert a.endswith("tiny-Q8_0.gguf") and b.endswith("sub/tiny-F32.gguf") and str(tmp_path) in a
-    assert open(a, "rb").read() == data and usage["completion_tokens"] == 3
+    assert Path(a).read_bytes() == data and usage["completion_tokens"] == 3
     assert errors == ["Multiple files found in someone/tiny-GGUF matching *.gguf",
                       "No file found in someone/tiny-GGUF that match *Q4_K_M.gguf"]

@@ -68,8 +68,9 @@ def llm(server, sent):
     def keep(request):
         sent.append(json.loads(request.content or b"{}"))
 
-    return ChatOpenAI(model="smol", base_url=server + "/v1", api_key="x", temperature=0, max_tokens=48, max_retries=0,
-                      http_client=httpx.Client(event_hooks={"request": [keep]}))
+    with httpx.Client(event_hooks={"request": [keep]}) as client:
+        yield ChatOpenAI(model="smol", base_url=server + "/v1", api_key="x", temperature=0, max_tokens=48,
+                         max_retries=0, http_client=client)
 
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
