@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .adaptive import CostModel
     from .drafters.base import DraftParams, Drafter
 
+__all__ = ["FREE", "UNBOUNDED_LEFT", "batch_gain", "not_paying", "row_ms"]
+
 
 class GatedDrafter(Protocol):
     """What is read of :class:`llamaspec.auto.GatedDrafter` (not imported: auto imports this module)."""
@@ -37,7 +39,6 @@ class GatedDrafter(Protocol):
 
     def draft_cost(self) -> float: ...
 
-__all__ = ["FREE", "UNBOUNDED_LEFT", "batch_gain", "not_paying", "row_ms"]
 
 #: the tokens a request without a limit is taken to have left when its catch-up is priced
 UNBOUNDED_LEFT = 256
